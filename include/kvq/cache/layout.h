@@ -1,0 +1,105 @@
+#pragma once
+// Page geometry and raw views of the paged KV cache, shared by the CPU reference and the CUDA
+// kernels (DESIGN §4). Everything here is plain data so it can be passed to a kernel by value.
+//
+// Per layer, K and V each have:
+//   codes  [num_pages][num_kv_heads][block_size][head_dim]   elements of `format` (head-major)
+//   scales plane, separate and 128-byte aligned:
+//     per_token_head: [num_pages][num_kv_heads][block_size] fp32
+//     per_block_head: [num_pages][num_kv_heads]             fp32
+//     per_tensor:     [1]                                   fp32 (0 until the first write)
+//     bf16/fp16:      none
+//   sink   [num_sink_pages][num_kv_heads][block_size][head_dim] bf16
+// One block table per sequence is shared by all layers: page p is page p in every layer's pool.
+// Token t of a sequence lives in the sink when t < sink_len (sink page sink_table[t / bs]),
+// otherwise at u = t - sink_len in page block_table[u / bs], slot u % bs.
+#include <cstddef>
+#include <cstdint>
+
+#include "kvq/common/macros.h"
+#include "kvq/format/format.h"
+#include "kvq/quant/spec.h"
+
+namespace kvq::cache {
+
+inline constexpr size_t kPlaneAlignment = 128;
+
+KVQ_HD size_t align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+struct CacheGeometry {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 16;
+  int num_pages = 0;       // quantized pages per layer (the main pool)
+  int num_sink_pages = 0;  // bf16 sink pages per layer
+  Format format = Format::kBf16;
+  ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
+
+  KVQ_HD size_t elems_per_head_tile() const { return static_cast<size_t>(block_size) * head_dim; }
+  KVQ_HD size_t elems_per_page() const { return elems_per_head_tile() * num_kv_heads; }
+  KVQ_HD size_t bytes_per_page() const { return elems_per_page() * format_bits(format) / 8; }
+  KVQ_HD size_t bytes_per_sink_page() const { return elems_per_page() * 2; }
+  // Element index of (page, head, slot, dim 0) in a codes (or sink) array.
+  KVQ_HD size_t elem_index(int page, int head, int slot) const {
+    return ((static_cast<size_t>(page) * num_kv_heads + head) * block_size + slot) * head_dim;
+  }
+  KVQ_HD bool has_scales() const { return is_quantized(format); }
+  // Number of fp32 scales per page (0 for per_tensor and unquantized formats).
+  KVQ_HD size_t scales_per_page() const {
+    if (!has_scales()) return 0;
+    switch (granularity) {
+      case ScaleGranularity::kPerTokenHead: return static_cast<size_t>(num_kv_heads) * block_size;
+      case ScaleGranularity::kPerBlockHead: return static_cast<size_t>(num_kv_heads);
+      default: return 0;
+    }
+  }
+  // Index into the scale plane for (page, head, slot); per_tensor always 0.
+  KVQ_HD size_t scale_index(int page, int head, int slot) const {
+    switch (granularity) {
+      case ScaleGranularity::kPerTokenHead:
+        return (static_cast<size_t>(page) * num_kv_heads + head) * block_size + slot;
+      case ScaleGranularity::kPerBlockHead:
+        return static_cast<size_t>(page) * num_kv_heads + head;
+      default: return 0;
+    }
+  }
+  KVQ_HD size_t scale_plane_bytes() const {
+    if (!has_scales()) return 0;
+    size_t n = granularity == ScaleGranularity::kPerTensor ? 1 : scales_per_page() * num_pages;
+    return align_up(n * sizeof(float), kPlaneAlignment);
+  }
+  KVQ_HD size_t code_plane_bytes() const { return align_up(bytes_per_page() * num_pages, kPlaneAlignment); }
+  KVQ_HD size_t sink_plane_bytes() const {
+    return align_up(bytes_per_sink_page() * num_sink_pages, kPlaneAlignment);
+  }
+};
+
+// Pointers to one layer's planes. Valid on the host or on the device, depending on the owner.
+struct LayerView {
+  uint8_t* k_codes = nullptr;
+  uint8_t* v_codes = nullptr;
+  float* k_scales = nullptr;  // null when the format has no scales
+  float* v_scales = nullptr;
+  uint16_t* k_sink = nullptr;  // bf16 bits; null when the cache has no sink pages
+  uint16_t* v_sink = nullptr;
+};
+
+// Block tables of a batch, padded to a rectangle (row-major, unused entries -1).
+struct BatchTablesView {
+  int num_seqs = 0;
+  const int32_t* seq_lens = nullptr;      // [num_seqs] tokens in the cache for each sequence
+  const int32_t* sink_lens = nullptr;     // [num_seqs] tokens of each sequence held in the sink
+  const int32_t* block_tables = nullptr;  // [num_seqs][max_blocks]
+  int max_blocks = 0;
+  const int32_t* sink_tables = nullptr;   // [num_seqs][max_sink_blocks]
+  int max_sink_blocks = 0;
+};
+
+// Bytes of KV per token across all layers, K and V, scale metadata included (per_tensor scales are
+// amortised to 0). Sink tokens are bf16 and not counted here: see PagedKvCache::memory_report.
+size_t bytes_per_token(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);
+// Tokens that fit in `bytes` of page memory with this spec (whole pages only).
+size_t capacity(size_t bytes, const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);
+
+}  // namespace kvq::cache

@@ -1,0 +1,59 @@
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kvq/common/macros.h"
+#include "kvq/common/status.h"
+#include "kvq/format/bf16.h"
+#include "kvq/format/fp8.h"
+#include "kvq/format/integer.h"
+
+namespace kvq {
+
+// Storage format of cached K/V values.
+enum class Format : uint8_t { kBf16, kFp16, kFp8E4m3, kFp8E4m3Fnuz, kInt8, kInt4 };
+
+const char* format_name(Format f);                        // "bf16", "fp8_e4m3", ...
+Result<Format> parse_format_name(std::string_view name);  // names of format_name, for `kvq formats`
+
+KVQ_HD bool is_quantized(Format f) { return f != Format::kBf16 && f != Format::kFp16; }
+
+// Bits per stored element (int4 = 4).
+KVQ_HD int format_bits(Format f) {
+  switch (f) {
+    case Format::kBf16: case Format::kFp16: return 16;
+    case Format::kInt4: return 4;
+    default: return 8;
+  }
+}
+
+// The value a scale maps amax to: the writer's largest code (FNUZ uses the interchange cap 224).
+KVQ_HD float format_qmax(Format f) {
+  switch (f) {
+    case Format::kFp8E4m3: return format::kFp8E4m3Max;
+    case Format::kFp8E4m3Fnuz: return format::kFp8FnuzWriterMax;
+    case Format::kInt8: return static_cast<float>(format::kInt8Max);
+    case Format::kInt4: return static_cast<float>(format::kInt4Max);
+    default: return 1.0f;
+  }
+}
+
+// One 8-bit code from an already scaled value (writer semantics: fp8 interchange rule applied).
+KVQ_HD uint8_t encode_byte(Format f, float scaled) {
+  switch (f) {
+    case Format::kFp8E4m3: return format::write_fp8_e4m3(scaled);
+    case Format::kFp8E4m3Fnuz: return format::write_fp8_e4m3_fnuz(scaled);
+    default: return static_cast<uint8_t>(format::encode_int8(scaled));
+  }
+}
+
+KVQ_HD float decode_byte(Format f, uint8_t c) {
+  switch (f) {
+    case Format::kFp8E4m3: return format::decode_fp8_e4m3(c);
+    case Format::kFp8E4m3Fnuz: return format::decode_fp8_e4m3_fnuz(c);
+    default: return format::decode_int8(static_cast<int8_t>(c));
+  }
+}
+
+}  // namespace kvq

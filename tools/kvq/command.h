@@ -1,0 +1,21 @@
+#pragma once
+// Each `kvq <subcommand>` lives in its own cmd_*.cpp and registers itself here, so adding a
+// command touches no shared file. Only tools/ may exit; commands return the process exit code.
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <vector>
+
+namespace kvq::tools {
+
+struct Command {
+  // Adds the subcommand to `app`; returns the function to run when it was selected.
+  std::function<std::function<int()>(CLI::App& app)> setup;
+};
+
+std::vector<Command>& command_registry();
+
+struct RegisterCommand {
+  explicit RegisterCommand(Command c) { command_registry().push_back(std::move(c)); }
+};
+
+}  // namespace kvq::tools
