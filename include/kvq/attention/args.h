@@ -31,6 +31,7 @@ struct PrefillArgs {
   int q_pos0 = 0;
   int num_q_heads = 0;
   float softmax_scale = 0.f;
+  float* lse = nullptr;           // optional [n_q][num_q_heads], as DecodeArgs::lse
 };
 
 }  // namespace kvq::attention

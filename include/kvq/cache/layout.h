@@ -96,10 +96,22 @@ struct BatchTablesView {
   int max_sink_blocks = 0;
 };
 
-// Bytes of KV per token across all layers, K and V, scale metadata included (per_tensor scales are
-// amortised to 0). Sink tokens are bf16 and not counted here: see PagedKvCache::memory_report.
+// Memory accounting of the main (quantized) pool. Shapes are assumed valid (PagedKvCache::create
+// checks them); a non-positive dimension gives 0. Sink tokens are bf16 and not counted here (see
+// PagedKvCache::memory_report), nor is the plane padding to 128 bytes (< 128 bytes per plane).
+//
+// Exact bytes of one page index across all layers, K and V: codes plus scales, i.e.
+//   num_layers * 2 * (num_kv_heads * block_size * head_dim * bits / 8 + scales_per_page * 4)
+// with scales_per_page = num_kv_heads * block_size (per_token_head), num_kv_heads
+// (per_block_head), 0 (per_tensor: one scale per layer, a constant; bf16/fp16: none).
+size_t bytes_per_page(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);
+// Bytes of KV per token across all layers, K and V, scale metadata included:
+// bytes_per_page / block_size, rounded up. The division is exact except for per_block_head when
+// 8 * num_layers * num_kv_heads is not a multiple of block_size (the per-page scales do not split
+// into whole bytes per token); use bytes_per_page for exact totals.
 size_t bytes_per_token(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);
-// Tokens that fit in `bytes` of page memory with this spec (whole pages only).
+// Tokens that fit in `bytes` of page memory with this spec (whole pages only):
+// floor(bytes / bytes_per_page) * block_size.
 size_t capacity(size_t bytes, const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);
 
 }  // namespace kvq::cache

@@ -1,11 +1,32 @@
 #pragma once
 // Host-memory paged KV cache: the reference owner of the layout in layout.h. The CUDA backend
 // mirrors the same planes in device memory (upload() copies them byte for byte).
+//
+// Semantics (single-threaded; callers serialise access):
+// - Sink. A sequence keeps its first `sink capacity` tokens in bf16 sink pages (add_sequence).
+//   CacheConfig::num_sink_pages == 0 is allowed only with spec.sink_tokens == 0: such a cache has
+//   no sink at all. With spec.sink_tokens > 0 the sink pool must hold at least one sequence's sink
+//   (ceil(sink_tokens / block_size) pages), else create() refuses. Sink pages are allocated as the
+//   sequence grows; a full sink pool makes extend() fail with kOutOfMemory like the main pool.
+// - Pages are shared by reference count (fork). Any page that would receive new data while shared
+//   (refcount > 1) is first copied (copy on write), in extend() and in write(), so one sequence's
+//   writes never show in another.
+// - Scales (quantized formats) are set by write():
+//     per_token_head: amax(row of that token and head) / qmax;
+//     per_block_head: amax of the page head's tokens written so far / qmax; when a later write
+//       brings a larger amax, the already-written slots of that page head are dequantized and
+//       re-quantized with the new scale (QuantStats::requantized_page_heads counts K and V page
+//       heads separately); an old token may thus carry one rounding per growth event;
+//     per_tensor: fixed per layer (K and V apart) by the first write that reaches the quantized
+//       pages (its amax / qmax); later larger values saturate (QuantStats::saturated).
+// - Non-finite inputs are stored as 0 and counted (QuantStats::nonfinite), in the sink as well.
+// - Sequence ids are small integers; a freed id is reused by a later add_sequence()/fork().
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "kvq/cache/aligned.h"
 #include "kvq/cache/block_pool.h"
 #include "kvq/cache/layout.h"
 #include "kvq/common/status.h"
@@ -32,39 +53,51 @@ struct MemoryReport {
 
 class PagedKvCache {
  public:
-  // Validates shapes (head_dim 8..256 and a multiple of 8, block 16|32, ...) with clear errors.
+  // Validates with clear errors: num_layers >= 1, num_kv_heads >= 1, head_dim 8..256 and a
+  // multiple of 8, block 16|32, num_pages >= 1, the sink rule above, no int4 (kUnsupported), fp32
+  // scales. kOutOfMemory when the planes cannot be allocated. All planes start zeroed.
   static Result<std::unique_ptr<PagedKvCache>> create(const CacheConfig& cfg);
 
   const CacheGeometry& geometry() const { return geom_; }
   const QuantSpec& spec() const { return cfg_.spec; }
 
   // A new empty sequence. `sink_tokens` < 0 takes spec.sink_tokens; a larger value keeps a whole
-  // system prompt in bf16.
+  // system prompt in bf16. kInvalidArgument when the sink pool could never hold that many tokens.
   Result<SeqId> add_sequence(int sink_tokens = -1);
   // New sequence sharing all of `parent`'s tokens: full pages are shared (refcount), a partially
-  // filled last page is copied so the two sequences can diverge.
+  // filled last page is copied so the two sequences can diverge (the last sink page too, while the
+  // sink still has room). The child inherits the sink capacity and the per-layer written counts.
+  // kOutOfMemory (nothing changed) when those copies find no free page.
   Result<SeqId> fork(SeqId parent);
   Status free_sequence(SeqId seq);
 
   // Grows the sequence by n token slots (allocating pages shared by all layers). On exhaustion
-  // nothing is allocated and kOutOfMemory is returned.
+  // nothing is allocated and kOutOfMemory is returned, saying how many pages were needed and free.
   Status extend(SeqId seq, int n_tokens);
   // Quantizes and stores K and V rows for tokens [pos0, pos0 + n) of one layer; rows are
   // [n][num_kv_heads][head_dim] floats. Tokens must already be reserved by extend(), and a layer's
-  // tokens are written in order (per_block_head relies on it for re-quantization).
+  // tokens are written in order (per_block_head relies on it for re-quantization): pos0 must not be
+  // beyond written(seq, layer), so a write either appends or rewrites already-written tokens.
+  // kOutOfMemory only when a shared page needs its copy-on-write copy and none is free.
   Status write(SeqId seq, int layer, int pos0, const float* k, const float* v, int n_tokens);
 
   // Dequantized read-back of one token (debugging and tests): [num_kv_heads][head_dim] each.
+  // The token must have been written in that layer.
   Status read_token(SeqId seq, int layer, int pos, float* k, float* v) const;
 
+  // For an unknown id: -1 for the counts, an empty table.
   int seq_len(SeqId seq) const;
   int sink_len(SeqId seq) const;  // tokens of seq held in the sink (min(len, sink tokens))
+  int sink_capacity(SeqId seq) const;
+  int written(SeqId seq, int layer) const;  // tokens [0, written) of that layer hold data
   const std::vector<int32_t>& block_table(SeqId seq) const;
   const std::vector<int32_t>& sink_table(SeqId seq) const;
   bool has_sequence(SeqId seq) const;
 
+  // All-null view for a layer out of range.
   LayerView layer_view(int layer);
-  // Padded tables for a batch; the returned object owns the arrays the view points into.
+  // Padded tables for a batch; the returned object owns the arrays the view points into. An
+  // unknown id gets length 0 and a row of -1.
   struct BatchTables {
     std::vector<int32_t> seq_lens, sink_lens, block_tables, sink_tables;
     int max_blocks = 0, max_sink_blocks = 0;
@@ -77,11 +110,14 @@ class PagedKvCache {
   MemoryReport memory_report() const;
   const quant::QuantStats& stats() const { return stats_; }
 
-  // Raw planes for upload to a device mirror and for canary checks in tests.
+  // Raw planes for upload to a device mirror and for canary checks in tests. Each starts on a
+  // 128-byte boundary and its size() covers the padded plane of layout.h (code_plane_bytes()
+  // bytes, scale_plane_bytes() / 4 floats, sink_plane_bytes() / 2 bf16 values); unused ones are
+  // empty. The per_tensor scale of a layer is scales[0], 0 until set.
   struct Planes {
-    std::vector<uint8_t> k_codes, v_codes;
-    std::vector<float> k_scales, v_scales;
-    std::vector<uint16_t> k_sink, v_sink;
+    AlignedVector<uint8_t> k_codes, v_codes;
+    AlignedVector<float> k_scales, v_scales;
+    AlignedVector<uint16_t> k_sink, v_sink;
   };
   const Planes& planes(int layer) const { return layers_[layer]; }
 
@@ -92,9 +128,20 @@ class PagedKvCache {
     int len = 0;
     int sink_capacity = 0;  // tokens this sequence keeps in the sink
     std::vector<int32_t> blocks, sink_blocks;
+    std::vector<int> written;  // per layer
   };
   Status check_seq(SeqId seq) const;
+  Status check_layer(int layer) const;
   Status copy_page(bool sink, int32_t from, int32_t to);
+  // Shared pages (refcount > 1) among table entries [first, last] of the main or sink table, and
+  // their replacement by private copies (the caller has checked that enough pages are free).
+  int shared_pages(const Sequence& s, bool sink, int first_block, int last_block) const;
+  Status unshare(Sequence& s, bool sink, int first_block, int last_block);
+  // Quantizes slots [slot0, slot1) of main block `block`; k/v point at slot0's input row.
+  void write_main_page(Sequence& s, int layer, int block, int slot0, int slot1, const float* k,
+                       const float* v);
+  SeqId new_sequence_id();
+  float* block_amax(int layer, int kv, int32_t page, int head);
 
   CacheConfig cfg_;
   CacheGeometry geom_;
@@ -102,6 +149,11 @@ class PagedKvCache {
   std::vector<Planes> layers_;
   std::vector<Sequence> seqs_;
   quant::QuantStats stats_;
+  // Host-only bookkeeping, not part of the device planes: the exact amax behind each
+  // per_block_head scale ([layer][k/v][page][head]) so growth is detected without reconstructing it
+  // from a rounded scale, and whether each layer's per_tensor K/V scale has been fixed.
+  std::vector<float> block_amax_;
+  std::vector<uint8_t> tensor_scale_set_;  // [layer][k/v]
 };
 
 }  // namespace kvq::cache

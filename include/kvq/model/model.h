@@ -10,6 +10,7 @@
 
 #include "kvq/cache/paged_cache.h"
 #include "kvq/common/status.h"
+#include "kvq/model/tokenizer.h"
 #include "kvq/quant/spec.h"
 
 namespace kvq::model {
@@ -25,17 +26,9 @@ struct ModelConfig {
   // converter permutes the Q/K rows for this layout. true: half-split pairs (x[i], x[i+d/2]).
   bool rope_half_split = false;
   bool tied_embeddings = false;
-};
-
-class Tokenizer {
- public:
-  virtual ~Tokenizer() = default;
-  virtual std::vector<int32_t> encode(std::string_view text, bool add_bos) const = 0;
-  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
-  virtual std::string piece(int32_t id) const = 0;  // text of one token, for streaming output
-  virtual int32_t bos_id() const = 0;
-  virtual int32_t eos_id() const = 0;  // -1 when none
-  virtual int32_t vocab_size() const = 0;
+  // Whether a sequence should start with BOS: GGUF `tokenizer.ggml.add_bos_token` (false for
+  // SmolLM2), true for llama2.c. Evaluation windows follow it.
+  bool add_bos = true;
 };
 
 struct Weights;  // defined in src/model; fp32, row-major [out][in]
@@ -66,9 +59,15 @@ class Runner {
  public:
   static Result<std::unique_ptr<Runner>> create(const Model& model, const QuantSpec& spec, int max_tokens);
   ~Runner();
+  // `logits` may be null (prefill only, the classifier is skipped).
   Status forward(const int32_t* tokens, int n, float* logits /* [n][vocab] */);
+  // Same, but computes only the logits of the last position (generation: the classifier over a
+  // long prompt would dominate the prefill cost and memory).
+  Status forward_last(const int32_t* tokens, int n, float* logits /* [vocab] */);
   Status reset();  // empty sequence, pages returned to the pool
   int position() const;
+  int max_tokens() const;
+  const Model& model() const;
   const cache::PagedKvCache& cache() const;
 
  private:
@@ -85,7 +84,20 @@ struct SamplingOptions {
   bool stop_at_eos = true;
 };
 
-// Generates after `prompt_ids`; returns the new ids. `on_token` (may be empty) streams them.
+// Model files: `${KVQ_CACHE_DIR:-$HOME/.cache/kvq}` holds downloaded models (`kvq pull`).
+std::string cache_dir();
+inline constexpr const char* kSmolLM2File = "SmolLM2-135M-Instruct.Q4_1.gguf";
+// Resolves a --model argument: "smollm2" -> the cache folder's GGUF (kNotFound with a hint to run
+// `kvq pull smollm2` when absent), "stories260K" -> the checkpoint in the project's shared data,
+// anything else is a path that must exist.
+Result<std::string> resolve_model_path(const std::string& name_or_path);
+
+// Samples one id from logits[vocab] (greedy when opts.temperature == 0); `rng_state` is advanced.
+int32_t sample_token(const float* logits, int vocab, const SamplingOptions& opts, uint64_t* rng_state);
+
+// Appends `prompt_ids` to the runner's sequence and generates after them; returns the new ids
+// (stops at EOS when asked, after max_new_tokens, or when the runner is full). `on_token` (may be
+// empty) streams them.
 Result<std::vector<int32_t>> generate(Runner& runner, const std::vector<int32_t>& prompt_ids,
                                       const SamplingOptions& opts,
                                       const std::function<void(int32_t)>& on_token = {});

@@ -1,6 +1,17 @@
 #pragma once
 // Reference (scalar, host) quantize/dequantize. The fast paths must match these bit for bit
-// on the codes they emit.
+// on the codes they emit: the scaled value is the correctly rounded quotient x / scale (IEEE
+// division, e.g. __fdiv_rn on the device, never x * (1 / scale)), encoded by format.h's writers;
+// dequantization is decode(code) * scale.
+//
+// Storage per format: fp8 and int8 one byte per element; int4 two per byte (element 2i in the low
+// nibble; an odd count leaves the last high nibble 0); bf16/fp16 two bytes per element, the
+// 16-bit pattern little-endian (the scale is ignored).
+//
+// Non-finite policy: NaN and +-inf are written as 0, excluded from amax and counted in
+// QuantStats::nonfinite. A finite input never produces NaN/inf codes: values beyond the format's
+// range saturate to +-qmax (+-65504 for fp16, +-max bf16) and are counted in `saturated`.
+#include <cstddef>
 #include <cstdint>
 
 #include "kvq/format/format.h"
@@ -18,12 +29,22 @@ struct QuantStats {
   }
 };
 
-// amax over finite values; non-finite values are counted into stats (if given).
+// amax over finite values; non-finite values are counted into stats (if given). Pass stats to
+// either this or quantize_row for the same values, not both, or they are counted twice.
 float finite_amax(const float* x, int n, QuantStats* stats = nullptr);
 
 // Scale so that amax maps to the format's qmax; an all-zero input gets scale 1 (any positive
-// scale decodes zeros exactly, and 1 keeps the plane free of denormals).
+// scale decodes zeros exactly, and 1 keeps the plane free of denormals). The scale is never
+// below FLT_MIN (amax < qmax * FLT_MIN gets FLT_MIN: still no clipping, and x / scale stays
+// finite). Unquantized formats get 1.
 float scale_for_amax(Format f, float amax);
+
+// True when encoding `scaled` (already divided by the scale) in `f` clips it to +-qmax, i.e. an
+// unbounded grid would have rounded it to a larger magnitude. Rounding *to* qmax is not clipping.
+bool clips(Format f, float scaled);
+
+// Bytes that quantize_row writes for n elements.
+size_t row_bytes(Format f, int n);
 
 // codes[i] = encode(x[i] / scale); bf16/fp16 ignore the scale and write 2-byte values.
 // Non-finite inputs are written as 0 and counted.

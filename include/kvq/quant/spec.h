@@ -14,7 +14,10 @@ enum class ScaleGranularity : uint8_t {
   kPerBlockHead,  // one scale per (page, kv head); grows (re-quantizing the page head) on demand
 };
 
-enum class ScaleDtype : uint8_t { kFp32, kFp16 };
+enum class ScaleDtype : uint8_t { kFp32, kFp16 };  // fp16 scales: parsed, refused (kUnsupported)
+
+// Largest sink a spec may ask for; keeps page arithmetic far from int overflow.
+inline constexpr int kMaxSinkTokens = 1 << 24;
 
 const char* granularity_name(ScaleGranularity g);
 
@@ -25,9 +28,12 @@ struct QuantSpec {
   ScaleDtype scale_dtype = ScaleDtype::kFp32;
   int block_size = 16;     // tokens per page: 16 or 32
   int sink_tokens = 256;   // first N tokens of each sequence kept in bf16; 0 disables
+                           // (0 ..= kMaxSinkTokens)
 
   bool quantized() const { return is_quantized(format); }
-  std::string to_string() const;  // e.g. "fp8_e4m3/per_token_head/b16/sink256"
+  // e.g. "fp8_e4m3/per_token_head/b16/sink256"; unquantized formats omit the granularity
+  // ("bf16/b16/sink0").
+  std::string to_string() const;
 };
 
 // Strings as the user typed them on the command line.
@@ -40,6 +46,12 @@ struct QuantOptions {
 };
 
 // `auto_format` is what `auto` resolves to on this machine (see hardware probe, DESIGN §7).
+// Accepted values (anything else is kInvalidArgument naming the accepted ones):
+//   kv_cache_dtype: auto | bf16 (bfloat16) | fp16 (float16) | fp8 == fp8_e4m3 (OCP) |
+//                   fp8_fnuz (== fp8_e4m3_fnuz, AMD) | int8;  int4, int4_kivi, fp8_e5m2 -> kUnsupported
+//   granularity:    per_tensor | per_token_head | per_block_head
+//   scale_dtype:    fp32 (float32);  fp16 -> kUnsupported
+//   block_size:     16 | 32;   sink_tokens: 0 ..= kMaxSinkTokens
 Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format = Format::kInt8);
 
 // "fp8" -> fp8_e4m3, "fp8_fnuz" -> fp8_e4m3_fnuz, ...; "auto" is kInvalidArgument here.

@@ -1,0 +1,65 @@
+#pragma once
+// CUDA decode attention over the paged, quantized KV cache (DESIGN §5), CUTLASS-style:
+//
+//   DecodePlan plan;   KVQ_RETURN_IF_ERROR(cuda::can_implement(args));
+//   auto p = cuda::plan(args, device_info);          // host only: split count from SMs/occupancy
+//   device buffer of cuda::workspace_size(args, *p) bytes
+//   cuda::run(args, *p, workspace, stream);          // launches only: capturable in a CUDA graph
+//
+// All pointers in `args` (planes, tables, q, out, lse) are device pointers. run() reads the
+// lengths from the device tables; plan() sizes the split from the host-known table widths
+// (max_blocks, max_sink_blocks), so a plan stays valid for every batch with the same widths.
+//
+// One CTA handles (sequence, kv head, group of <= 8 query heads, KV split): every K/V byte of a
+// kv head is read once for its whole GQA group (groups larger than 8 query heads take several
+// CTAs). Dequantisation is fused: codes are converted in registers and multiplied on tensor cores
+// (mma.sync; fp8/int8 through exact fp16 values, bf16 natively) with the query and the
+// probabilities split into a high and a low half, so the products keep ~22 bits. Per-token and
+// per-page K scales multiply the logits, V scales ride on the probabilities in the log domain,
+// per-tensor scales fold into the same places. Sink (bf16) tokens and quantized tokens are
+// attended in the same pass; splits are merged by log-sum-exp in a second kernel.
+//
+// Supported: head_dim 64/128/256, block_size 16/32, formats bf16, fp16, fp8_e4m3, fp8_e4m3_fnuz
+// and int8 with any scale granularity; num_q_heads a multiple of num_kv_heads.
+// Needs sm_80 or newer for the mma instructions and sm_89+ for the fp8 conversion (the build
+// targets sm_90a). FNUZ is read with the OCP conversion: every byte kvq's FNUZ writer emits decodes
+// to exactly half its OCP value (DESIGN §2), so the 0.5 is folded into the scales.
+#include <cstddef>
+
+#include "kvq/attention/args.h"
+#include "kvq/common/cuda_device.h"
+#include "kvq/common/status.h"
+
+struct CUstream_st;  // cudaStream_t without the CUDA headers
+
+namespace kvq::attention::cuda {
+
+using Stream = CUstream_st*;
+
+struct DecodePlan {
+  int num_splits = 1;       // KV splits per (sequence, kv head, head group)
+  int head_groups = 1;      // ceil(group / 8)
+  int ctas_per_sm = 0;      // occupancy the plan assumed
+  int max_tokens = 0;       // per sequence, from the table widths the plan was made for
+  int max_blocks = 0, max_sink_blocks = 0, num_seqs = 0, num_q_heads = 0;  // what run() checks
+};
+
+struct DecodeOptions {
+  int force_splits = 0;  // > 0: use exactly this many splits (tests, tuning); 0: choose
+};
+
+// Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
+// Per-sequence facts live on the device and are the caller's contract: 1 <= seq_len,
+// 0 <= sink_len <= seq_len, table entries valid for the tokens they cover.
+Status can_implement(const DecodeArgs& args);
+
+Result<DecodePlan> plan(const DecodeArgs& args, const CudaDeviceInfo& device, const DecodeOptions& opts = {});
+
+// Bytes of device workspace run() needs for this plan (0 when there is a single split).
+size_t workspace_size(const DecodeArgs& args, const DecodePlan& plan);
+
+// Enqueues the decode (and, with several splits, the merge) on `stream`. `workspace` must hold
+// workspace_size() bytes, 16-byte aligned. No host synchronisation, no allocation.
+Status run(const DecodeArgs& args, const DecodePlan& plan, void* workspace, Stream stream);
+
+}  // namespace kvq::attention::cuda

@@ -1,0 +1,215 @@
+#include "kernel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "kvq/format/format.h"
+
+namespace kvq::attention::cpu::detail {
+namespace {
+
+std::string str(long long v) { return std::to_string(v); }
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Block-table row checks for one part of one sequence.
+Status check_table_row(const char* what, int seq, int n_tokens, int block_size, const int32_t* table,
+                       int row_len, int pool_pages) {
+  const int needed = ceil_div(n_tokens, block_size);
+  if (needed == 0) return Status::ok();
+  if (needed > row_len)
+    return invalid_argument("attention: sequence " + str(seq) + " has " + str(n_tokens) + " " + what +
+                            " tokens, needing " + str(needed) + " pages of " + str(block_size) +
+                            ", but its " + what + " table row has only " + str(row_len) + " entries");
+  if (table == nullptr)
+    return invalid_argument(std::string("attention: ") + what + " table pointer is null but sequence " +
+                            str(seq) + " has " + what + " tokens");
+  const int32_t* row = table + static_cast<size_t>(seq) * row_len;
+  for (int j = 0; j < needed; ++j) {
+    if (row[j] < 0 || row[j] >= pool_pages)
+      return invalid_argument("attention: sequence " + str(seq) + ", " + what + " table entry " + str(j) +
+                              " is page " + str(row[j]) + ", outside the " + what + " pool [0, " +
+                              str(pool_pages) + ")");
+  }
+  return Status::ok();
+}
+
+// Dot product with eight independent lanes: the compiler turns it into SIMD without -ffast-math
+// (head_dim is a multiple of 8, checked by can_implement).
+inline float dot(const float* a, const float* b, int n) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int i = 0; i < n; i += 8)
+    for (int j = 0; j < 8; ++j) lane[j] += a[i + j] * b[i + j];
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
+}  // namespace
+
+Status check_problem(const Problem& p, const float* q, const float* out) {
+  const cache::CacheGeometry& g = p.geom;
+  if (g.num_kv_heads < 1)
+    return invalid_argument("attention: geometry has " + str(g.num_kv_heads) + " kv heads; need at least 1");
+  if (g.head_dim < 8 || g.head_dim > 256 || g.head_dim % 8 != 0)
+    return unsupported("attention: head_dim " + str(g.head_dim) +
+                       " is not supported; the CPU backend takes 8..256 in multiples of 8");
+  if (g.block_size != 16 && g.block_size != 32)
+    return unsupported("attention: block_size " + str(g.block_size) + " is not supported; use 16 or 32");
+  if (g.format == Format::kInt4)
+    return unsupported("attention: the CPU backend does not read int4 caches yet; use int8 or fp8");
+  if (g.num_pages < 0 || g.num_sink_pages < 0)
+    return invalid_argument("attention: negative page count in the cache geometry");
+  if (p.num_q_heads < 1 || p.num_q_heads % g.num_kv_heads != 0)
+    return invalid_argument("attention: num_q_heads (" + str(p.num_q_heads) +
+                            ") must be a positive multiple of num_kv_heads (" + str(g.num_kv_heads) + ")");
+  if (!(p.softmax_scale > 0.f) || !std::isfinite(p.softmax_scale))
+    return invalid_argument("attention: softmax_scale must be positive and finite (usually 1/sqrt(head_dim)); got " +
+                            std::to_string(p.softmax_scale));
+  if (q == nullptr) return invalid_argument("attention: query pointer q is null");
+  if (out == nullptr) return invalid_argument("attention: output pointer out is null");
+
+  const cache::BatchTablesView& t = p.tables;
+  if (t.num_seqs < 0) return invalid_argument("attention: num_seqs is negative (" + str(t.num_seqs) + ")");
+  if (t.num_seqs == 0) return Status::ok();
+  if (t.seq_lens == nullptr || t.sink_lens == nullptr)
+    return invalid_argument("attention: seq_lens and sink_lens must not be null");
+  if (t.max_blocks < 0 || t.max_sink_blocks < 0)
+    return invalid_argument("attention: block table widths must not be negative");
+
+  bool any_sink = false, any_quantized = false;
+  for (int s = 0; s < t.num_seqs; ++s) {
+    const int len = t.seq_lens[s], sink = t.sink_lens[s];
+    if (len < 1)
+      return invalid_argument("attention: sequence " + str(s) + " has " + str(len) +
+                              " cached tokens; write the query token's K/V before attending");
+    if (sink < 0 || sink > len)
+      return invalid_argument("attention: sequence " + str(s) + " has sink_len " + str(sink) +
+                              " outside [0, seq_len = " + str(len) + "]");
+    KVQ_RETURN_IF_ERROR(
+        check_table_row("sink", s, sink, g.block_size, t.sink_tables, t.max_sink_blocks, g.num_sink_pages));
+    KVQ_RETURN_IF_ERROR(
+        check_table_row("block", s, len - sink, g.block_size, t.block_tables, t.max_blocks, g.num_pages));
+    any_sink |= sink > 0;
+    any_quantized |= len > sink;
+  }
+  if (any_sink && (p.layer.k_sink == nullptr || p.layer.v_sink == nullptr))
+    return invalid_argument("attention: the batch has sink tokens but the layer's sink planes are null");
+  if (any_quantized) {
+    if (p.layer.k_codes == nullptr || p.layer.v_codes == nullptr)
+      return invalid_argument("attention: the layer's K/V code planes are null");
+    if (g.has_scales() && (p.layer.k_scales == nullptr || p.layer.v_scales == nullptr))
+      return invalid_argument(std::string("attention: format ") + format_name(g.format) +
+                              " needs scale planes, but the layer's K/V scale pointers are null");
+  }
+  return Status::ok();
+}
+
+TileLoader::TileLoader(const Problem& p) : p_(p) {
+  const Format f = p.geom.format;
+  for (int c = 0; c < 256; ++c)
+    lut_[c] = (is_quantized(f) && format_bits(f) == 8) ? decode_byte(f, static_cast<uint8_t>(c)) : 0.f;
+}
+
+void TileLoader::decode_row(const uint8_t* plane, size_t elem, float* out) const {
+  const int d = p_.geom.head_dim;
+  switch (p_.geom.format) {
+    case Format::kBf16:
+    case Format::kFp16: {
+      const bool bf16 = p_.geom.format == Format::kBf16;
+      const uint8_t* src = plane + elem * 2;
+      for (int i = 0; i < d; ++i) {
+        // Little-endian 2-byte values in a byte plane (as quant::quantize_row stores them).
+        const uint16_t bits = static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8));
+        out[i] = bf16 ? format::bf16_to_float(bits) : format::fp16_to_float(bits);
+      }
+      break;
+    }
+    default: {
+      const uint8_t* src = plane + elem;
+      for (int i = 0; i < d; ++i) out[i] = lut_[src[i]];
+    }
+  }
+}
+
+void TileLoader::load_sink(int seq, int head, int n, PartTile& tile) const {
+  const cache::CacheGeometry& g = p_.geom;
+  const int d = g.head_dim, bs = g.block_size;
+  tile.n = n;
+  tile.k.resize(static_cast<size_t>(n) * d);
+  tile.v.resize(static_cast<size_t>(n) * d);
+  tile.k_scale.assign(n, 1.f);
+  tile.v_scale.assign(n, 1.f);
+  const int32_t* row = p_.tables.sink_tables + static_cast<size_t>(seq) * p_.tables.max_sink_blocks;
+  for (int t = 0; t < n; ++t) {
+    const size_t e = g.elem_index(row[t / bs], head, t % bs);
+    for (int i = 0; i < d; ++i) {
+      tile.k[static_cast<size_t>(t) * d + i] = format::bf16_to_float(p_.layer.k_sink[e + i]);
+      tile.v[static_cast<size_t>(t) * d + i] = format::bf16_to_float(p_.layer.v_sink[e + i]);
+    }
+  }
+}
+
+void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const {
+  const cache::CacheGeometry& g = p_.geom;
+  const int d = g.head_dim, bs = g.block_size;
+  tile.n = n;
+  tile.k.resize(static_cast<size_t>(n) * d);
+  tile.v.resize(static_cast<size_t>(n) * d);
+  tile.k_scale.assign(n, 1.f);
+  tile.v_scale.assign(n, 1.f);
+  const int32_t* row = p_.tables.block_tables + static_cast<size_t>(seq) * p_.tables.max_blocks;
+  for (int u = 0; u < n; ++u) {
+    const int page = row[u / bs], slot = u % bs;
+    const size_t e = g.elem_index(page, head, slot);
+    decode_row(p_.layer.k_codes, e, &tile.k[static_cast<size_t>(u) * d]);
+    decode_row(p_.layer.v_codes, e, &tile.v[static_cast<size_t>(u) * d]);
+    if (g.has_scales()) {
+      const size_t si = g.scale_index(page, head, slot);
+      tile.k_scale[u] = p_.layer.k_scales[si];
+      tile.v_scale[u] = p_.layer.v_scales[si];
+    }
+  }
+}
+
+void attend_part(const float* q, float softmax_scale, const PartTile& tile, int n_visible, int head_dim,
+                 std::vector<float>& logits, Partial& out) {
+  out.acc.assign(head_dim, 0.f);
+  out.n = n_visible > 0 ? n_visible : 0;
+  out.m = -std::numeric_limits<float>::infinity();
+  out.l = 0.f;
+  if (n_visible <= 0) return;
+  if (logits.size() < static_cast<size_t>(n_visible)) logits.resize(n_visible);
+  float m = -std::numeric_limits<float>::infinity();
+  for (int t = 0; t < n_visible; ++t) {
+    // The k scale multiplies the logit, not the codes: exactly what a fused kernel does.
+    const float s = softmax_scale * tile.k_scale[t];
+    logits[t] = s * dot(q, &tile.k[static_cast<size_t>(t) * head_dim], head_dim);
+    m = std::max(m, logits[t]);
+  }
+  float l = 0.f;
+  float* acc = out.acc.data();
+  for (int t = 0; t < n_visible; ++t) {
+    const float e = std::exp(logits[t] - m);
+    l += e;
+    const float w = e * tile.v_scale[t];  // the v scale rides on the probability
+    const float* v = &tile.v[static_cast<size_t>(t) * head_dim];
+    for (int i = 0; i < head_dim; ++i) acc[i] += w * v[i];
+  }
+  out.m = m;
+  out.l = l;
+}
+
+void merge_parts(const Partial& a, const Partial& b, int head_dim, float* out, float* lse) {
+  // seq_len >= 1 makes at least one part non-empty. Emptiness is decided by the token count, not
+  // by l > 0, so a NaN read from a bad page propagates to the output instead of being dropped.
+  const float m = a.n == 0 ? b.m : b.n == 0 ? a.m : std::max(a.m, b.m);
+  const float wa = a.n > 0 ? std::exp(a.m - m) : 0.f;
+  const float wb = b.n > 0 ? std::exp(b.m - m) : 0.f;
+  const float l = a.l * wa + b.l * wb;
+  const float inv = 1.f / l;
+  for (int i = 0; i < head_dim; ++i) out[i] = (a.acc[i] * wa + b.acc[i] * wb) * inv;
+  if (lse != nullptr) *lse = m + std::log(l);
+}
+
+}  // namespace kvq::attention::cpu::detail

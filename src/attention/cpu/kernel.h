@@ -1,0 +1,67 @@
+#pragma once
+// Internals of the CPU reference backend, shared by decode.cpp and prefill.cpp.
+//
+// Every (sequence, kv head) is handled the way the GPU kernel handles a CTA: the head's tokens are
+// split into two parts (bf16 sink pages, quantized pages), each part gets its own softmax (max,
+// sum, unnormalised V accumulator), and the two are merged exactly by log-sum-exp. Within a part,
+// K and V are decoded to float *codes* and the per-token scales are kept apart, to be folded into
+// the logits (k scale) and the probabilities (v scale), which is what a fused-dequant kernel does.
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kvq/attention/args.h"
+#include "kvq/common/status.h"
+
+namespace kvq::attention::cpu::detail {
+
+// What decode and prefill have in common: the cache and the head layout.
+struct Problem {
+  cache::CacheGeometry geom;
+  cache::LayerView layer;
+  cache::BatchTablesView tables;
+  int num_q_heads = 0;
+  float softmax_scale = 0.f;
+};
+
+// Shape, pointer and table checks for every sequence of the batch (see can_implement).
+Status check_problem(const Problem& p, const float* q, const float* out);
+
+// One part (sink or quantized) of one kv head of one sequence, decoded.
+struct PartTile {
+  int n = 0;                            // tokens in the part
+  std::vector<float> k, v;              // [n][head_dim] decoded codes, scale not applied
+  std::vector<float> k_scale, v_scale;  // [n] dequantization scale of each token (1 for bf16)
+};
+
+// Softmax state of one query over one part: m = max logit, l = sum exp(logit - m),
+// acc = sum exp(logit - m) * v (not normalised). An empty part (n == 0) has weight 0 in the merge.
+struct Partial {
+  int n = 0;
+  float m = 0.f;
+  float l = 0.f;
+  std::vector<float> acc;
+};
+
+class TileLoader {
+ public:
+  explicit TileLoader(const Problem& p);
+  // Tokens [0, n) of the sequence's sink, kv head `head`.
+  void load_sink(int seq, int head, int n, PartTile& tile) const;
+  // Quantized tokens [0, n) after the sink (token sink_len + u is u here), kv head `head`.
+  void load_quantized(int seq, int head, int n, PartTile& tile) const;
+
+ private:
+  void decode_row(const uint8_t* plane, size_t elem, float* out) const;
+  const Problem& p_;
+  float lut_[256];  // byte code -> value for the 8-bit formats
+};
+
+// Attends query `q` to the first `n_visible` tokens of `tile`. `logits` is scratch of >= n floats.
+void attend_part(const float* q, float softmax_scale, const PartTile& tile, int n_visible, int head_dim,
+                 std::vector<float>& logits, Partial& out);
+
+// Exact merge of two parts; writes out[head_dim] and, when lse is not null, *lse.
+void merge_parts(const Partial& a, const Partial& b, int head_dim, float* out, float* lse);
+
+}  // namespace kvq::attention::cpu::detail

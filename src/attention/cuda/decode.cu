@@ -1,0 +1,166 @@
+// Host side of the CUDA decode: checks, split planning, launch.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "decode_dispatch.cuh"
+#include "kvq/attention/cuda/decode.h"
+
+namespace kvq::attention::cuda {
+namespace {
+
+using detail::ScaleMode;
+
+std::string str(long long v) { return std::to_string(v); }
+
+ScaleMode scale_mode(const cache::CacheGeometry& g) {
+  if (!g.has_scales()) return ScaleMode::kNone;
+  return g.granularity == ScaleGranularity::kPerTensor ? ScaleMode::kTensor : ScaleMode::kToken;
+}
+
+detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g) {
+  switch (g.format) {
+    case Format::kBf16:
+    case Format::kFp16: return detail::decode_kernel_16bit(g.format, g.head_dim);
+    case Format::kFp8E4m3:
+    case Format::kFp8E4m3Fnuz: return detail::decode_kernel_fp8(g.head_dim, scale_mode(g));
+    case Format::kInt8: return detail::decode_kernel_int8(g.head_dim, scale_mode(g));
+    default: return nullptr;
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
+
+}  // namespace
+
+Status can_implement(const DecodeArgs& a) {
+  const cache::CacheGeometry& g = a.geom;
+  if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256)
+    return unsupported("cuda decode: head_dim " + str(g.head_dim) + " is not supported; the CUDA kernels take 64, 128 or 256 (the CPU backend takes any multiple of 8)");
+  if (g.block_size != 16 && g.block_size != 32)
+    return unsupported("cuda decode: block_size " + str(g.block_size) + " is not supported; use 16 or 32");
+  if (g.format == Format::kInt4)
+    return unsupported("cuda decode: int4 caches are not read by the CUDA backend yet; use int8 or fp8");
+  if (g.num_kv_heads < 1) return invalid_argument("cuda decode: geometry has no kv heads");
+  if (a.num_q_heads < 1 || a.num_q_heads % g.num_kv_heads != 0)
+    return invalid_argument("cuda decode: num_q_heads (" + str(a.num_q_heads) + ") must be a positive multiple of num_kv_heads (" + str(g.num_kv_heads) + ")");
+  if (!(a.softmax_scale > 0.f) || !std::isfinite(a.softmax_scale))
+    return invalid_argument("cuda decode: softmax_scale must be positive and finite (usually 1/sqrt(head_dim))");
+  if (a.q == nullptr || a.out == nullptr) return invalid_argument("cuda decode: q and out must be device pointers, got null");
+  const cache::BatchTablesView& t = a.tables;
+  if (t.num_seqs < 0) return invalid_argument("cuda decode: num_seqs is negative");
+  if (t.num_seqs > 65535) return unsupported("cuda decode: at most 65535 sequences per launch (got " + str(t.num_seqs) + "); split the batch");
+  if (t.num_seqs == 0) return Status::ok();
+  if (t.seq_lens == nullptr || t.sink_lens == nullptr) return invalid_argument("cuda decode: seq_lens and sink_lens must not be null");
+  if (t.max_blocks < 0 || t.max_sink_blocks < 0) return invalid_argument("cuda decode: block table widths must not be negative");
+  if (t.max_blocks > 0 && t.block_tables == nullptr) return invalid_argument("cuda decode: block_tables is null but max_blocks > 0");
+  if (t.max_sink_blocks > 0 && t.sink_tables == nullptr) return invalid_argument("cuda decode: sink_tables is null but max_sink_blocks > 0");
+  if (t.max_blocks > 0 && (a.layer.k_codes == nullptr || a.layer.v_codes == nullptr))
+    return invalid_argument("cuda decode: the layer's K/V code planes are null");
+  if (t.max_blocks > 0 && g.has_scales() && (a.layer.k_scales == nullptr || a.layer.v_scales == nullptr))
+    return invalid_argument(std::string("cuda decode: format ") + format_name(g.format) + " needs scale planes, but they are null");
+  if (t.max_sink_blocks > 0 && (a.layer.k_sink == nullptr || a.layer.v_sink == nullptr))
+    return invalid_argument("cuda decode: the batch has sink tables but the layer's sink planes are null");
+  for (const void* p : {static_cast<const void*>(a.layer.k_codes), static_cast<const void*>(a.layer.v_codes),
+                        static_cast<const void*>(a.layer.k_sink), static_cast<const void*>(a.layer.v_sink),
+                        static_cast<const void*>(a.out)})
+    if (p != nullptr && !aligned16(p)) return invalid_argument("cuda decode: cache planes and out must be 16-byte aligned");
+  if (kernel_for(g) == nullptr) return unsupported(std::string("cuda decode: no kernel for ") + format_name(g.format));
+  return Status::ok();
+}
+
+Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const DecodeOptions& opts) {
+  KVQ_RETURN_IF_ERROR(can_implement(a));
+  DecodePlan p;
+  const int group = a.num_q_heads / a.geom.num_kv_heads;
+  p.head_groups = ceil_div(group, detail::kMaxGroupPerCta);
+  p.max_blocks = a.tables.max_blocks;
+  p.max_sink_blocks = a.tables.max_sink_blocks;
+  p.num_seqs = a.tables.num_seqs;
+  p.num_q_heads = a.num_q_heads;
+  p.max_tokens = (a.tables.max_blocks + a.tables.max_sink_blocks) * a.geom.block_size;
+  int occ = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel_for(a.geom), detail::kDecodeThreads, 0) != cudaSuccess ||
+      occ < 1) {
+    cudaGetLastError();
+    occ = 2;
+  }
+  p.ctas_per_sm = occ;
+  if (opts.force_splits > 0) {
+    p.num_splits = opts.force_splits;
+    return p;
+  }
+  // Cost model: a CTA's time ~ its tiles plus a fixed overhead; CTAs run in waves of
+  // sm_count * occupancy. Pick the split count with the least waves x (tiles per split + overhead);
+  // a split adds a merge pass, so ties go to fewer splits.
+  const long long base = static_cast<long long>(std::max(a.tables.num_seqs, 1)) * a.geom.num_kv_heads * p.head_groups;
+  const long long wave = static_cast<long long>(std::max(dev.sm_count, 1)) * occ;
+  const int max_tiles = std::max(1, ceil_div(p.max_tokens, detail::kTileTokens));
+  constexpr int kMinTilesPerSplit = 16, kOverheadTiles = 6, kMaxSplits = 256;
+  const int s_max = std::clamp(max_tiles / kMinTilesPerSplit, 1, kMaxSplits);
+  double best = 1e300;
+  for (int s = 1; s <= s_max; ++s) {
+    const double waves = std::ceil(static_cast<double>(base * s) / wave);
+    const double cost = waves * (ceil_div(max_tiles, s) + kOverheadTiles) + (s > 1 ? 2.0 : 0.0);
+    if (cost < best * 0.98) {
+      best = cost;
+      p.num_splits = s;
+    }
+  }
+  return p;
+}
+
+size_t workspace_size(const DecodeArgs& a, const DecodePlan& p) {
+  if (p.num_splits <= 1) return 0;
+  const size_t rows = static_cast<size_t>(std::max(a.tables.num_seqs, 0)) * a.num_q_heads * p.num_splits;
+  const size_t out_bytes = rows * a.geom.head_dim * sizeof(float);
+  return cache::align_up(out_bytes, 256) + cache::align_up(rows * sizeof(float), 256);
+}
+
+Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream stream) {
+  KVQ_RETURN_IF_ERROR(can_implement(a));
+  if (a.tables.num_seqs == 0) return Status::ok();
+  if (a.tables.num_seqs != p.num_seqs || a.num_q_heads != p.num_q_heads || a.tables.max_blocks > p.max_blocks ||
+      a.tables.max_sink_blocks > p.max_sink_blocks || p.num_splits < 1)
+    return invalid_argument("cuda decode: the plan was made for another batch shape (sequences, heads or table widths); call plan() again");
+  if (p.num_splits > 1 && (workspace == nullptr || !aligned16(workspace)))
+    return invalid_argument("cuda decode: this plan needs a 16-byte aligned workspace of workspace_size() bytes");
+  const cache::CacheGeometry& g = a.geom;
+  detail::DecodeParams k{};
+  k.k_codes = a.layer.k_codes, k.v_codes = a.layer.v_codes;
+  k.k_scales = a.layer.k_scales, k.v_scales = a.layer.v_scales;
+  k.k_sink = reinterpret_cast<const uint8_t*>(a.layer.k_sink);
+  k.v_sink = reinterpret_cast<const uint8_t*>(a.layer.v_sink);
+  k.seq_lens = a.tables.seq_lens, k.sink_lens = a.tables.sink_lens;
+  k.block_tables = a.tables.block_tables, k.sink_tables = a.tables.sink_tables;
+  k.max_blocks = a.tables.max_blocks, k.max_sink_blocks = a.tables.max_sink_blocks;
+  k.q = a.q, k.out = a.out, k.lse = a.lse;
+  k.num_kv_heads = g.num_kv_heads, k.num_q_heads = a.num_q_heads;
+  k.group = a.num_q_heads / g.num_kv_heads, k.head_groups = p.head_groups;
+  k.block_size = g.block_size, k.num_splits = p.num_splits;
+  const bool per_token = g.granularity == ScaleGranularity::kPerTokenHead;
+  k.scale_head_stride = per_token ? g.block_size : 1;
+  k.scale_slot_mul = per_token ? 1 : 0;
+  k.softmax_scale = a.softmax_scale;
+  k.fnuz_factor = g.format == Format::kFp8E4m3Fnuz ? 0.5f : 1.f;
+  if (p.num_splits > 1) {
+    const size_t rows = static_cast<size_t>(a.tables.num_seqs) * a.num_q_heads * p.num_splits;
+    k.part_out = static_cast<float*>(workspace);
+    k.part_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) + cache::align_up(rows * g.head_dim * sizeof(float), 256));
+  }
+  const dim3 grid(p.num_splits, g.num_kv_heads * p.head_groups, a.tables.num_seqs);
+  if (grid.y > 65535) return unsupported("cuda decode: too many kv heads x head groups for one launch");
+  kernel_for(g)<<<grid, detail::kDecodeThreads, 0, stream>>>(k);
+  KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
+  if (p.num_splits > 1) {
+    const int rows = a.tables.num_seqs * a.num_q_heads;
+    detail::decode_merge_kernel_for(g.head_dim)<<<rows, std::max(32, g.head_dim / 4), 0, stream>>>(
+        k.part_out, k.part_lse, p.num_splits, a.out, a.lse);
+    KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode merge kernel"));
+  }
+  return Status::ok();
+}
+
+}  // namespace kvq::attention::cuda

@@ -1,0 +1,521 @@
+#pragma once
+// The decode kernel (see include/kvq/attention/cuda/decode.h for the contract). Layout of the work:
+//
+// CTA = (split, kv head x head group, sequence), 4 warps. The sequence's tokens form two parts,
+// sink (bf16 pages) and main (quantized pages), cut into tiles of 8 tokens that never straddle a
+// page. The split's tiles are dealt to the warps in bundles of NT tiles; each warp keeps its own
+// online softmax and all warps are merged through shared memory at the end.
+//
+// Per tile and warp, lane (g, t) = (lane / 4, lane % 4):
+//   QK^T on tensor cores: A = the query rows (rows 0-7 the high halves of up to 8 heads, rows 8-15
+//     the low halves), B = K^T with token g in column g: lane t holds head-dim chunks t, t+4, ...
+//     of 16 bytes of token g, so the contraction index is a fixed permutation of the head dim
+//     that the query fragments (built once per CTA in shared memory) follow.
+//     Result: logits of head g for tokens 2t, 2t+1.
+//   PV on tensor cores (m16n8k8): A = V^T with rows = head dims (lane g owns dims
+//     [g*D/8, (g+1)*D/8)), columns = the 8 tokens; B = probabilities, which are exactly the QK
+//     result layout (head g, tokens 2t, 2t+1). Result: O for heads 2t, 2t+1 over lane g's dims.
+//     The probabilities go in twice, high and low half, into the same accumulators.
+// Scales: K scales multiply the logit; V scales enter the probability as log2(scale) added to the
+// logit, with a separate running maximum for the numerator, so any scale magnitude is exact in
+// fp16 (the weights stay <= 1). Logits are kept in the log2 domain.
+#include <cstdint>
+
+#include "device_util.cuh"
+#include "kvq/format/format.h"
+
+namespace kvq::attention::cuda::detail {
+
+enum class ScaleMode : int { kNone, kTensor, kToken };
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kTileTokens = 8;
+constexpr int kMaxGroupPerCta = 8;
+
+struct DecodeParams {
+  const uint8_t* k_codes;
+  const uint8_t* v_codes;
+  const float* k_scales;
+  const float* v_scales;
+  const uint8_t* k_sink;  // bf16 planes as bytes
+  const uint8_t* v_sink;
+  const int32_t* seq_lens;
+  const int32_t* sink_lens;
+  const int32_t* block_tables;
+  const int32_t* sink_tables;
+  int max_blocks, max_sink_blocks;
+  const float* q;
+  float* out;
+  float* lse;
+  float* part_out;  // [seq][q head][split][D] when num_splits > 1
+  float* part_lse;  // [seq][q head][split]
+  int num_kv_heads, num_q_heads, group, head_groups, block_size, num_splits;
+  int scale_head_stride;  // scale index = (page * H + h) * stride + slot * slot_mul
+  int scale_slot_mul;
+  float softmax_scale;
+  float fnuz_factor;  // 0.5 for FNUZ read as OCP, else 1
+};
+
+// ---- per-format fragment builders ------------------------------------------------------------------
+
+template <Format F>
+struct Path {
+  static constexpr int kBytes = (F == Format::kBf16 || F == Format::kFp16) ? 2 : 1;
+  static constexpr bool kBf16Mma = F == Format::kBf16;
+
+  // B fragment of QK mma M from the lane's K words.
+  __device__ __forceinline__ static void k_frag(const uint32_t* kw, int M, uint32_t& b0, uint32_t& b1) {
+    if constexpr (kBytes == 2) {
+      b0 = kw[2 * M];
+      b1 = kw[2 * M + 1];
+    } else if constexpr (F == Format::kInt8) {
+      const uint32_t u = kw[M] ^ 0x80808080u;
+      b0 = biased_u8x2_to_half2(prmt(u, 0x64646464u, 0x4140));
+      b1 = biased_u8x2_to_half2(prmt(u, 0x64646464u, 0x4342));
+    } else {  // fp8 (OCP bytes; FNUZ bytes read as OCP)
+      b0 = e4m3x2_to_half2(kw[M]);
+      b1 = e4m3x2_to_half2(kw[M] >> 16);
+    }
+  }
+
+  // A fragment of PV mma jj (head dims 2jj, 2jj+1 of the lane's range) from tokens 2t (a), 2t+1 (b).
+  __device__ __forceinline__ static void v_frag(const uint32_t* a, const uint32_t* b, int jj, uint32_t& a0,
+                                                uint32_t& a1) {
+    if constexpr (kBytes == 2) {
+      a0 = prmt(a[jj], b[jj], 0x5410);
+      a1 = prmt(a[jj], b[jj], 0x7632);
+    } else {
+      const int w = jj >> 1;
+      const uint32_t x = prmt(a[w], b[w], (jj & 1) ? 0x7362 : 0x5140);  // [a_d, b_d, a_d+1, b_d+1]
+      if constexpr (F == Format::kInt8) {
+        const uint32_t u = x ^ 0x80808080u;
+        a0 = biased_u8x2_to_half2(prmt(u, 0x64646464u, 0x4140));
+        a1 = biased_u8x2_to_half2(prmt(u, 0x64646464u, 0x4342));
+      } else {
+        a0 = e4m3x2_to_half2(x);
+        a1 = e4m3x2_to_half2(x >> 16);
+      }
+    }
+  }
+};
+
+template <Format F, int D>
+struct TileShape {
+  static constexpr int kBytes = Path<F>::kBytes;
+  static constexpr int kKWords = D * kBytes / 16;  // lane's share of one K row
+  static constexpr int kVWords = D * kBytes / 32;  // lane's share of one V row
+  static constexpr int kWordsPerTile = kKWords + 2 * kVWords + 4;
+  static constexpr int kNT = kWordsPerTile <= 12 ? 4 : kWordsPerTile <= 24 ? 2 : 1;
+  static constexpr bool kPrefetch = kWordsPerTile * kNT <= 48;
+};
+
+template <Format F, int D>
+struct Payload {
+  uint32_t k[TileShape<F, D>::kKWords];
+  uint32_t va[TileShape<F, D>::kVWords];
+  uint32_t vb[TileShape<F, D>::kVWords];
+  float ks0, ks1, vs0, vs1;
+};
+
+template <int D>
+struct State {
+  float m, l, mv;
+  float o[D / 16][4];
+};
+
+// Everything a part (sink or main) loop needs besides the State.
+struct PartArgs {
+  const uint8_t* k;     // plane base (bytes)
+  const uint8_t* v;
+  const float* ks;      // per-token scales (kToken) or null
+  const float* vs;
+  const int32_t* table;  // this sequence's row
+  int n_tokens;          // tokens in the part
+  int tile_begin, tile_end;  // tiles of this CTA within the part
+  float kconst;          // logit multiplier (2^-e, fnuz, tensor scale)
+  float lvconst;         // log2 of the constant V factor
+};
+
+template <Format F, int D, ScaleMode SM>
+__device__ __forceinline__ void load_tile(const DecodeParams& p, const PartArgs& a, int kv_head, int tile, int page,
+                                          int lane, Payload<F, D>& pl) {
+  constexpr int kB = Path<F>::kBytes;
+  constexpr size_t kRow = static_cast<size_t>(D) * kB;
+  const int g = lane >> 2, t = lane & 3;
+  const int slot0 = (tile * kTileTokens) % p.block_size;
+  const size_t head_base = (static_cast<size_t>(page) * p.num_kv_heads + kv_head) * p.block_size + slot0;
+  const uint8_t* krow = a.k + (head_base + g) * kRow;
+#pragma unroll
+  for (int j = 0; j < TileShape<F, D>::kKWords / 4; ++j) {
+    const uint4 w = ld_stream_v4(krow + (t + 4 * j) * 16);
+    pl.k[4 * j] = w.x, pl.k[4 * j + 1] = w.y, pl.k[4 * j + 2] = w.z, pl.k[4 * j + 3] = w.w;
+  }
+  constexpr int kVW = TileShape<F, D>::kVWords;
+  const uint8_t* va = a.v + (head_base + 2 * t) * kRow + g * (kVW * 4);
+  const uint8_t* vb = va + kRow;
+  if constexpr (kVW == 2) {
+    const uint2 x = ld_stream_v2(va), y = ld_stream_v2(vb);
+    pl.va[0] = x.x, pl.va[1] = x.y, pl.vb[0] = y.x, pl.vb[1] = y.y;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVW / 4; ++j) {
+      const uint4 x = ld_stream_v4(va + 16 * j), y = ld_stream_v4(vb + 16 * j);
+      pl.va[4 * j] = x.x, pl.va[4 * j + 1] = x.y, pl.va[4 * j + 2] = x.z, pl.va[4 * j + 3] = x.w;
+      pl.vb[4 * j] = y.x, pl.vb[4 * j + 1] = y.y, pl.vb[4 * j + 2] = y.z, pl.vb[4 * j + 3] = y.w;
+    }
+  }
+  if constexpr (SM == ScaleMode::kToken) {
+    const size_t si = (static_cast<size_t>(page) * p.num_kv_heads + kv_head) * p.scale_head_stride +
+                      static_cast<size_t>(slot0 + 2 * t) * p.scale_slot_mul;
+    pl.ks0 = __ldg(a.ks + si);
+    pl.ks1 = __ldg(a.ks + si + p.scale_slot_mul);
+    pl.vs0 = __ldg(a.vs + si);
+    pl.vs1 = __ldg(a.vs + si + p.scale_slot_mul);
+  }
+}
+
+template <Format F, int D, ScaleMode SM>
+__device__ __forceinline__ void compute_tile(const Payload<F, D>& pl_in, const uint4* qf, const PartArgs& a, int tile,
+                                             int lane, State<D>& st) {
+  using P = Path<F>;
+  const int t = lane & 3;
+  const int nvalid = min(kTileTokens, a.n_tokens - tile * kTileTokens);
+  const bool ok0 = 2 * t < nvalid, ok1 = 2 * t + 1 < nvalid;
+
+  // Logits of head g for tokens 2t, 2t+1.
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int M = 0; M < D / 16; ++M) {
+    uint32_t b0, b1;
+    P::k_frag(pl_in.k, M, b0, b1);
+    const uint4 qa = qf[M * 32 + lane];
+    if constexpr (P::kBf16Mma) {
+      mma_m16n8k16_bf16(c, qa, b0, b1);
+    } else {
+      mma_m16n8k16_f16(c, qa, b0, b1);
+    }
+  }
+  float km0 = a.kconst, km1 = a.kconst, lv0 = a.lvconst, lv1 = a.lvconst;
+  if constexpr (SM == ScaleMode::kToken) {
+    km0 *= pl_in.ks0;
+    km1 *= pl_in.ks1;
+    lv0 = __log2f(pl_in.vs0 * a.lvconst);  // kToken parts pass the V factor itself in lvconst
+    lv1 = __log2f(pl_in.vs1 * a.lvconst);
+  }
+  constexpr float kNegInf = -__builtin_huge_valf();
+  const float s0 = ok0 ? (c[0] + c[2]) * km0 : kNegInf;
+  const float s1 = ok1 ? (c[1] + c[3]) * km1 : kNegInf;
+  const float u0 = ok0 ? s0 + lv0 : kNegInf;
+  const float u1 = ok1 ? s1 + lv1 : kNegInf;
+
+  // Online softmax: denominator over s, numerator over u = s + log2(v scale).
+  const float m_new = fmaxf(st.m, warp_max_xor(fmaxf(s0, s1), 2));
+  const float m_use = m_new == kNegInf ? 0.f : m_new;
+  const float alpha = exp2f(st.m - m_use);
+  st.l = st.l * alpha + exp2f(s0 - m_use) + exp2f(s1 - m_use);
+  st.m = m_new;
+  const float mv_new = fmaxf(st.mv, warp_max_xor(fmaxf(u0, u1), 2));
+  const float mv_use = mv_new == kNegInf ? 0.f : mv_new;
+  const float beta = exp2f(st.mv - mv_use);
+  st.mv = mv_new;
+  const float w0 = exp2f(u0 - mv_use), w1 = exp2f(u1 - mv_use);
+
+  // Rescale O (heads 2t, 2t+1 live in this lane; their factors in lanes 8t and 8t + 4).
+  const float beta_a = __shfl_sync(0xffffffffu, beta, 8 * t);
+  const float beta_b = __shfl_sync(0xffffffffu, beta, 8 * t + 4);
+  if (__any_sync(0xffffffffu, beta_a != 1.f || beta_b != 1.f)) {
+#pragma unroll
+    for (int jj = 0; jj < D / 16; ++jj) {
+      st.o[jj][0] *= beta_a;
+      st.o[jj][1] *= beta_b;
+      st.o[jj][2] *= beta_a;
+      st.o[jj][3] *= beta_b;
+    }
+  }
+
+  uint32_t p_hi, p_lo;
+  split2<P::kBf16Mma>(w0, w1, p_hi, p_lo);
+
+  // Unwritten slots of a partial tile may hold anything (NaN codes): zero their V.
+  constexpr int kVW = TileShape<F, D>::kVWords;
+  uint32_t va[kVW], vb[kVW];
+#pragma unroll
+  for (int i = 0; i < kVW; ++i) {
+    va[i] = ok0 ? pl_in.va[i] : 0u;
+    vb[i] = ok1 ? pl_in.vb[i] : 0u;
+  }
+#pragma unroll
+  for (int jj = 0; jj < D / 16; ++jj) {
+    uint32_t a0, a1;
+    P::v_frag(va, vb, jj, a0, a1);
+    if constexpr (P::kBf16Mma) {
+      mma_m16n8k8_bf16(st.o[jj], a0, a1, p_hi);
+      mma_m16n8k8_bf16(st.o[jj], a0, a1, p_lo);
+    } else {
+      mma_m16n8k8_f16(st.o[jj], a0, a1, p_hi);
+      mma_m16n8k8_f16(st.o[jj], a0, a1, p_lo);
+    }
+  }
+}
+
+// One part's tiles [tile_begin, tile_end) for this warp: bundles of NT tiles dealt round-robin to
+// the warps, the next bundle's loads in flight while the current one is computed, page ids one
+// bundle further ahead still.
+template <Format F, int D, ScaleMode SM>
+__device__ __forceinline__ void run_part(const DecodeParams& p, const PartArgs& a, int kv_head, const uint4* qf, int warp,
+                                         int lane, State<D>& st) {
+  constexpr int NT = TileShape<F, D>::kNT;
+  const int n_tiles = a.tile_end - a.tile_begin;
+  if (n_tiles <= 0) return;
+  const int n_bundles = (n_tiles + NT - 1) / NT;
+  const int tiles_per_page = p.block_size / kTileTokens;
+  auto page_of = [&](int tile) { return __ldg(a.table + tile / tiles_per_page); };
+
+  int b = warp;
+  if (b >= n_bundles) return;
+  Payload<F, D> cur[NT];
+#pragma unroll
+  for (int i = 0; i < NT; ++i) {
+    const int tile = a.tile_begin + b * NT + i;
+    if (tile < a.tile_end) load_tile<F, D, SM>(p, a, kv_head, tile, page_of(tile), lane, cur[i]);
+  }
+  if constexpr (TileShape<F, D>::kPrefetch) {
+    int next_page[NT];
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int tile = a.tile_begin + (b + kDecodeWarps) * NT + i;
+      next_page[i] = tile < a.tile_end ? page_of(tile) : 0;
+    }
+    for (; b < n_bundles; b += kDecodeWarps) {
+      Payload<F, D> nxt[NT];
+      const int nb = b + kDecodeWarps;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const int tile = a.tile_begin + nb * NT + i;
+        if (tile < a.tile_end) load_tile<F, D, SM>(p, a, kv_head, tile, next_page[i], lane, nxt[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const int tile = a.tile_begin + (nb + kDecodeWarps) * NT + i;
+        next_page[i] = tile < a.tile_end ? page_of(tile) : 0;
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const int tile = a.tile_begin + b * NT + i;
+        if (tile < a.tile_end) compute_tile<F, D, SM>(cur[i], qf, a, tile, lane, st);
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i) cur[i] = nxt[i];
+    }
+  } else {
+    for (;;) {
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const int tile = a.tile_begin + b * NT + i;
+        if (tile < a.tile_end) compute_tile<F, D, SM>(cur[i], qf, a, tile, lane, st);
+      }
+      b += kDecodeWarps;
+      if (b >= n_bundles) break;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const int tile = a.tile_begin + b * NT + i;
+        if (tile < a.tile_end) load_tile<F, D, SM>(p, a, kv_head, tile, page_of(tile), lane, cur[i]);
+      }
+    }
+  }
+}
+
+// Query fragments of one path: [D/16 mmas][32 lanes] x 4 registers. Lane (g, t), mma M holds head
+// g's query at the head dims whose K bytes lane t feeds to mma M (see Path::k_frag and load_tile).
+template <int D, int kB, bool kBf16>
+__device__ void build_q_frags(const float* q_rows, int valid_heads, float qscale, uint4* qf, int tid) {
+  constexpr int kE = 16 / kB;            // elements per 16-byte chunk
+  constexpr int kMmaPerChunk = kE / 4;
+  for (int idx = tid; idx < (D / 16) * 32; idx += kDecodeThreads) {
+    const int M = idx / 32, ln = idx % 32, g = ln >> 2, t = ln & 3;
+    const int j = M / kMmaPerChunk, i = M % kMmaPerChunk;
+    const int d0 = (t + 4 * j) * kE + 4 * i;
+    float x[4] = {0.f, 0.f, 0.f, 0.f};
+    if (g < valid_heads) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] = q_rows[g * D + d0 + e] * qscale;
+    }
+    uint4 r;
+    split2<kBf16>(x[0], x[1], r.x, r.y);
+    split2<kBf16>(x[2], x[3], r.z, r.w);
+    qf[idx] = r;
+  }
+}
+
+template <int D>
+struct DecodeSmem {
+  union {
+    uint4 qf[2][(D / 16) * 32];                      // main path, sink path
+    float o[kDecodeWarps][kMaxGroupPerCta][D];       // per-warp O for the final merge
+  };
+  float m[kDecodeWarps][kMaxGroupPerCta];
+  float l[kDecodeWarps][kMaxGroupPerCta];
+  float mv[kDecodeWarps][kMaxGroupPerCta];
+  unsigned qamax_bits;
+};
+
+template <Format F, int D, ScaleMode SM>
+__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeParams p) {
+  __shared__ DecodeSmem<D> sm;
+  const int split = blockIdx.x;
+  const int kv_head = blockIdx.y / p.head_groups, hg = blockIdx.y % p.head_groups;
+  const int seq = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int hq0 = kv_head * p.group + hg * kMaxGroupPerCta;
+  const int valid_heads = min(kMaxGroupPerCta, p.group - hg * kMaxGroupPerCta);
+
+  const int len = p.seq_lens[seq];
+  const int sink_len = min(max(p.sink_lens[seq], 0), max(len, 0));
+  const int n_sink_tiles = (sink_len + kTileTokens - 1) / kTileTokens;
+  const int n_main = max(len, 0) - sink_len;
+  const int n_tiles = n_sink_tiles + (n_main + kTileTokens - 1) / kTileTokens;
+  const int per_split = (n_tiles + p.num_splits - 1) / p.num_splits;
+  const int t0 = min(split * per_split, n_tiles), t1 = min(t0 + per_split, n_tiles);
+
+  constexpr float kNegInf = -__builtin_huge_valf();
+  if (t0 >= t1) {  // nothing for this split: weight 0 in the merge
+    for (int idx = tid; idx < valid_heads * D; idx += kDecodeThreads) {
+      const size_t row = static_cast<size_t>(seq) * p.num_q_heads + hq0 + idx / D;
+      if (p.num_splits > 1) {
+        p.part_out[(row * p.num_splits + split) * D + idx % D] = 0.f;
+        if (idx % D == 0) p.part_lse[row * p.num_splits + split] = kNegInf;
+      } else {
+        p.out[row * D + idx % D] = 0.f;
+        if (idx % D == 0 && p.lse != nullptr) p.lse[row] = kNegInf;
+      }
+    }
+    return;
+  }
+
+  // Query: a power-of-two prescale keeps fp16 fragments in range whatever the query's magnitude.
+  const float* q_rows = p.q + (static_cast<size_t>(seq) * p.num_q_heads + hq0) * D;
+  if (tid == 0) sm.qamax_bits = 0u;
+  __syncthreads();
+  float qa = 0.f;
+  for (int idx = tid; idx < valid_heads * D; idx += kDecodeThreads) qa = fmaxf(qa, fabsf(q_rows[idx]));
+  atomicMax(&sm.qamax_bits, __float_as_uint(qa));
+  __syncthreads();
+  const float qamax = __uint_as_float(sm.qamax_bits) * p.softmax_scale * kLog2e;
+  int e = 0;
+  if (qamax > 0.f && qamax < __builtin_huge_valf()) {
+    int x;
+    frexpf(qamax, &x);
+    e = min(max(8 - x, -100), 100);
+  }
+  const float qscale = p.softmax_scale * kLog2e * ldexpf(1.f, e);
+  const float unscale = ldexpf(1.f, -e);
+
+  constexpr bool kMainBf16 = Path<F>::kBf16Mma;
+  build_q_frags<D, Path<F>::kBytes, kMainBf16>(q_rows, valid_heads, qscale, sm.qf[0], tid);
+  build_q_frags<D, 2, true>(q_rows, valid_heads, qscale, sm.qf[1], tid);
+  __syncthreads();
+
+  State<D> st;
+  st.m = kNegInf, st.l = 0.f, st.mv = kNegInf;
+#pragma unroll
+  for (int jj = 0; jj < D / 16; ++jj) st.o[jj][0] = st.o[jj][1] = st.o[jj][2] = st.o[jj][3] = 0.f;
+
+  if (t0 < n_sink_tiles) {
+    PartArgs a;
+    a.k = p.k_sink, a.v = p.v_sink, a.ks = nullptr, a.vs = nullptr;
+    a.table = p.sink_tables + static_cast<size_t>(seq) * p.max_sink_blocks;
+    a.n_tokens = sink_len;
+    a.tile_begin = t0, a.tile_end = min(t1, n_sink_tiles);
+    a.kconst = unscale, a.lvconst = 0.f;
+    run_part<Format::kBf16, D, ScaleMode::kNone>(p, a, kv_head, sm.qf[1], warp, lane, st);
+  }
+  if (t1 > n_sink_tiles) {
+    PartArgs a;
+    a.k = p.k_codes, a.v = p.v_codes, a.ks = p.k_scales, a.vs = p.v_scales;
+    a.table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks;
+    a.n_tokens = n_main;
+    a.tile_begin = max(t0, n_sink_tiles) - n_sink_tiles, a.tile_end = t1 - n_sink_tiles;
+    a.kconst = unscale * p.fnuz_factor;
+    a.lvconst = 0.f;
+    if constexpr (SM == ScaleMode::kTensor) {
+      a.kconst *= __ldg(p.k_scales);
+      a.lvconst = __log2f(__ldg(p.v_scales) * p.fnuz_factor);
+    } else if constexpr (SM == ScaleMode::kToken) {
+      a.lvconst = p.fnuz_factor;  // compute_tile takes log2(v scale * this)
+    }
+    run_part<F, D, SM>(p, a, kv_head, sm.qf[0], warp, lane, st);
+  }
+
+  // Merge the warps. l is summed over the 4 lanes that share a head.
+  st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
+  st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+  __syncthreads();  // everyone is done with the query fragments (union with o)
+  {
+    const int g = lane >> 2, t = lane & 3;
+    if (t == 0) {
+      sm.m[warp][g] = st.m;
+      sm.l[warp][g] = st.l;
+      sm.mv[warp][g] = st.mv;
+    }
+    const int base = g * (D / 8);
+#pragma unroll
+    for (int jj = 0; jj < D / 16; ++jj) {
+      *reinterpret_cast<float2*>(&sm.o[warp][2 * t][base + 2 * jj]) = make_float2(st.o[jj][0], st.o[jj][2]);
+      *reinterpret_cast<float2*>(&sm.o[warp][2 * t + 1][base + 2 * jj]) = make_float2(st.o[jj][1], st.o[jj][3]);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < valid_heads * D; idx += kDecodeThreads) {
+    const int h = idx / D, d = idx % D;
+    float M = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, sm.m[w][h]);
+    const float M_use = M == kNegInf ? 0.f : M;
+    float L = 0.f, num = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      L += sm.l[w][h] * exp2f(sm.m[w][h] - M_use);
+      const float mvw = sm.mv[w][h];
+      num += mvw == kNegInf ? 0.f : sm.o[w][h][d] * exp2f(mvw - M_use);
+    }
+    const float res = L > 0.f ? num / L : 0.f;
+    const float lse2 = L > 0.f ? M + __log2f(L) : kNegInf;
+    const size_t row = static_cast<size_t>(seq) * p.num_q_heads + hq0 + h;
+    if (p.num_splits > 1) {
+      p.part_out[(row * p.num_splits + split) * D + d] = res;
+      if (d == 0) p.part_lse[row * p.num_splits + split] = lse2;
+    } else {
+      p.out[row * D + d] = res;
+      if (d == 0 && p.lse != nullptr) p.lse[row] = lse2 * kLn2;
+    }
+  }
+}
+
+// Log-sum-exp merge of the splits: one CTA per (sequence, query head), 4 dims per thread.
+template <int D>
+__global__ void __launch_bounds__(64) decode_merge_kernel(const float* part_out, const float* part_lse, int num_splits,
+                                                           float* out, float* lse) {
+  const size_t row = blockIdx.x;
+  const float* pl = part_lse + row * num_splits;
+  constexpr float kNegInf = -__builtin_huge_valf();
+  float M = kNegInf;
+  for (int s = 0; s < num_splits; ++s) M = fmaxf(M, pl[s]);
+  const float M_use = M == kNegInf ? 0.f : M;
+  float L = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int d = threadIdx.x * 4;
+  for (int s = 0; s < num_splits; ++s) {
+    const float w = exp2f(pl[s] - M_use);
+    L += w;
+    if (d < D && w > 0.f) {
+      const float4 x = *reinterpret_cast<const float4*>(part_out + (row * num_splits + s) * D + d);
+      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+    }
+  }
+  const float inv = L > 0.f ? 1.f / L : 0.f;
+  if (d < D) *reinterpret_cast<float4*>(out + row * D + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  if (threadIdx.x == 0 && lse != nullptr) lse[row] = L > 0.f ? (M + __log2f(L)) * kLn2 : kNegInf;
+}
+
+}  // namespace kvq::attention::cuda::detail

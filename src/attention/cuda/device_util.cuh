@@ -1,0 +1,135 @@
+#pragma once
+// Device primitives shared by the CUDA attention kernels: tensor-core mma wrappers, code -> fp16
+// pair conversions, streaming loads and small helpers. Fragment layouts are PTX's for
+// mma.m16n8k16 / m16n8k8 (g = lane / 4, t = lane % 4):
+//   A (16 x k): reg0 (row g, cols 2t..2t+1), reg1 (row g+8, same cols), [k16: reg2/reg3 cols +8]
+//   B (k x 8):  reg0 (rows 2t..2t+1, col g), [k16: reg1 rows +8]
+//   C (16 x 8): c0/c1 (row g, cols 2t, 2t+1), c2/c3 (row g+8, same cols)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kvq/common/status.h"
+
+namespace kvq::attention::cuda::detail {
+
+inline Status cuda_status(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::ok();
+  return Status(StatusCode::kCudaError, std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+// A launch error (bad configuration, no kernel image for this GPU) shows at the launch itself.
+inline Status launch_status(const char* kernel) { return cuda_status(cudaGetLastError(), kernel); }
+
+// ---- mma -----------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void mma_m16n8k16_f16(float c[4], const uint4& a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_m16n8k16_bf16(float c[4], const uint4& a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma_m16n8k8_f16(float c[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+__device__ __forceinline__ void mma_m16n8k8_bf16(float c[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
+// ---- loads ---------------------------------------------------------------------------------------
+
+// K/V bytes are read exactly once: keep them out of L1.
+__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+__device__ __forceinline__ uint2 ld_stream_v2(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
+// ---- packing -------------------------------------------------------------------------------------
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t pack_bf162(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ float2 unpack_half2(uint32_t u) {
+  __half2 h = *reinterpret_cast<__half2*>(&u);
+  return __half22float2(h);
+}
+__device__ __forceinline__ float2 unpack_bf162(uint32_t u) {
+  __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&u);
+  return __bfloat1622float2(h);
+}
+
+// x = hi + lo with hi, lo in the mma input type: ~22 (fp16) or ~16 (bf16) significant bits.
+template <bool kBf16>
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kBf16) {
+    hi = pack_bf162(x0, x1);
+    const float2 h = unpack_bf162(hi);
+    lo = pack_bf162(x0 - h.x, x1 - h.y);
+  } else {
+    hi = pack_half2(x0, x1);
+    const float2 h = unpack_half2(hi);
+    lo = pack_half2(x0 - h.x, x1 - h.y);
+  }
+}
+
+// ---- code pairs -> fp16x2 ----------------------------------------------------------------------------
+
+// Two OCP E4M3 bytes (low 16 bits of `w`) -> fp16x2, exact (hardware cvt on sm_89+).
+__device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t w) {
+  __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+}
+
+// Two int8 codes -> fp16x2, exact: with u = code + 128 (the 0x80 flip), the half with bits
+// 0x6400 | u is 1024 + u, so subtracting 1152 leaves the code.
+__device__ __forceinline__ uint32_t biased_u8x2_to_half2(uint32_t two_bytes_with_magic) {
+  const __half2 magic = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));  // 1152
+  __half2 h = *reinterpret_cast<__half2*>(&two_bytes_with_magic);
+  h = __hsub2(h, magic);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// ---- misc ----------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_max_xor(float v, int width_lanes_mask) {
+  for (int o = width_lanes_mask; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+}  // namespace kvq::attention::cuda::detail

@@ -1,0 +1,335 @@
+// CUDA cache write (see include/kvq/attention/cuda/write.h).
+//
+// Rows (token, head, K|V) are handled by groups of D/16 lanes, 16 elements per lane: 16-byte
+// input loads (bf16: two, fp32: four) and one 16-byte code store (bf16/fp16 pools: two).
+//   rows kernel:     sink rows, per_token_head, per_tensor and bf16/fp16 rows; the per-row amax
+//                    is a shuffle reduction across the row's lanes.
+//   segments kernel: per_block_head; one warp per run of consecutive tokens in one page (a
+//                    "segment", <= block_size tokens), found by the warp whose window holds the
+//                    run's first token, so each page head has exactly one owner per call.
+//   per_tensor:      an amax pass over the call's main-pool rows and a one-thread finalize fix
+//                    the layer scale first when it is still 0.
+#include <algorithm>
+#include <string>
+
+#include "kvq/attention/cuda/write.h"
+#include "write_codec.cuh"
+
+namespace kvq::attention::cuda {
+namespace detail {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kSegWindow = 32;  // candidate first tokens per CTA of the segments kernel
+
+struct WriteParams {
+  uint8_t* codes[2];
+  float* scales[2];
+  uint16_t* sink[2];
+  float* amax[2];
+  const void* in[2];
+  const int32_t* slots;
+  int n, heads, block_size;
+  int granularity;  // ScaleGranularity
+  bool quantized;
+  unsigned* ws;     // per_tensor: [0..1] amax bits, [2] main rows seen
+};
+
+template <int D, bool kFp32>
+__device__ __forceinline__ void load16(const void* in, int token, int head, int heads, int part, float (&x)[16]) {
+  const size_t e = (static_cast<size_t>(token) * heads + head) * D + part * 16;
+  if constexpr (kFp32) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(in) + e);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = p[i];
+      x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    }
+  } else {
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(in) + e);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint4 v = p[i];
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        x[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
+        x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+      }
+    }
+  }
+}
+
+// Max over the `lanes` lanes of an aligned group (lanes divides 32).
+__device__ __forceinline__ float group_max(float v, int lanes) {
+  for (int o = lanes / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+template <Format F, int D>
+__device__ __forceinline__ void store_main_row(const WriteParams& p, int kv, size_t elem, int part, const float (&x)[16],
+                                               float scale) {
+  if constexpr (F == Format::kBf16 || F == Format::kFp16) {
+    uint4 lo, hi;
+    store16x16<F>(x, lo, hi);
+    uint4* dst = reinterpret_cast<uint4*>(p.codes[kv] + (elem + part * 16) * 2);
+    dst[0] = lo, dst[1] = hi;
+  } else {
+    *reinterpret_cast<uint4*>(p.codes[kv] + elem + part * 16) = quantize16<F>(x, scale);
+  }
+}
+
+template <Format F, int D, bool kFp32>
+__global__ void __launch_bounds__(kThreads) write_rows_kernel(const WriteParams p) {
+  constexpr int L = D / 16;
+  const long long total = static_cast<long long>(p.n) * p.heads * 2 * L;
+  for (long long gid = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; gid - threadIdx.x % 32 < total;
+       gid += static_cast<long long>(gridDim.x) * kThreads) {
+    // Whole warps iterate together so the row shuffles always have all 32 lanes.
+    const bool live = gid < total;
+    const long long row = live ? gid / L : 0;
+    const int part = static_cast<int>(gid % L);
+    const int kv = static_cast<int>(row % 2);
+    const int head = static_cast<int>((row / 2) % p.heads);
+    const int token = static_cast<int>(row / 2 / p.heads);
+    float x[16];
+    int32_t slot = -1;
+    if (live) {
+      load16<D, kFp32>(p.in[kv], token, head, p.heads, part, x);
+      slot = p.slots[token];
+    } else {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) x[i] = 0.f;
+    }
+    const bool is_sink = live && slot < 0;
+    const bool per_token = p.quantized && p.granularity == static_cast<int>(ScaleGranularity::kPerTokenHead);
+    float amax = 0.f;
+    if (per_token) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, finite_abs(x[i]));
+      amax = group_max(amax, L);
+    }
+    if (!live) continue;
+    if (is_sink) {
+      const int s = -slot - 1, page = s / p.block_size, ss = s % p.block_size;
+      const size_t e = ((static_cast<size_t>(page) * p.heads + head) * p.block_size + ss) * D + part * 16;
+      uint4 lo, hi;
+      store16x16<Format::kBf16>(x, lo, hi);
+      uint4* dst = reinterpret_cast<uint4*>(p.sink[kv] + e);
+      dst[0] = lo, dst[1] = hi;
+      continue;
+    }
+    if (p.quantized && p.granularity == static_cast<int>(ScaleGranularity::kPerBlockHead)) continue;
+    const int page = slot / p.block_size, ss = slot % p.block_size;
+    const size_t head_row = (static_cast<size_t>(page) * p.heads + head) * p.block_size + ss;
+    float scale = 1.f;
+    if (per_token) {
+      scale = device_scale_for_amax(F, amax);
+      if (part == 0) p.scales[kv][head_row] = scale;
+    } else if (p.quantized) {
+      scale = p.scales[kv][0];
+    }
+    store_main_row<F, D>(p, kv, head_row * D, part, x, scale);
+  }
+}
+
+// per_tensor: amax over this call's main-pool rows, only while the layer scale is unset.
+template <int D, bool kFp32>
+__global__ void __launch_bounds__(kThreads) tensor_amax_kernel(const WriteParams p) {
+  constexpr int L = D / 16;
+  const long long total = static_cast<long long>(p.n) * p.heads * 2 * L;
+  float amax[2] = {0.f, 0.f};
+  bool any = false;
+  const bool need[2] = {p.scales[0][0] == 0.f, p.scales[1][0] == 0.f};
+  if (need[0] || need[1]) {
+    for (long long gid = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; gid < total;
+         gid += static_cast<long long>(gridDim.x) * kThreads) {
+      const long long row = gid / L;
+      const int part = static_cast<int>(gid % L), kv = static_cast<int>(row % 2);
+      const int head = static_cast<int>((row / 2) % p.heads), token = static_cast<int>(row / 2 / p.heads);
+      if (!need[kv] || p.slots[token] < 0) continue;
+      any = true;
+      float x[16];
+      load16<D, kFp32>(p.in[kv], token, head, p.heads, part, x);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) amax[kv] = fmaxf(amax[kv], finite_abs(x[i]));
+    }
+  }
+  for (int kv = 0; kv < 2; ++kv) {
+    const float m = group_max(amax[kv], 32);
+    if (threadIdx.x % 32 == 0 && m > 0.f) atomicMax(p.ws + kv, __float_as_uint(m));
+  }
+  if (__any_sync(0xffffffffu, any) && threadIdx.x % 32 == 0) atomicOr(p.ws + 2, 1u);
+}
+
+__global__ void tensor_scale_finalize_kernel(const WriteParams p, Format f) {
+  if (threadIdx.x != 0 || p.ws[2] == 0u) return;  // no main-pool row in this call: scale stays unset
+  for (int kv = 0; kv < 2; ++kv)
+    if (p.scales[kv][0] == 0.f) p.scales[kv][0] = device_scale_for_amax(f, __uint_as_float(p.ws[kv]));
+}
+
+template <Format F, int D, bool kFp32>
+__global__ void __launch_bounds__(kThreads) write_segments_kernel(const WriteParams p) {
+  constexpr int L = D / 16, kRowsPerPass = 32 / L;
+  const int head = blockIdx.y, kv = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = lane / L, part = lane % L;
+  const int bs = p.block_size;
+  for (int c = 0; c < kSegWindow / 4; ++c) {
+    const int i = blockIdx.x * kSegWindow + warp * (kSegWindow / 4) + c;
+    if (i >= p.n) return;
+    const int32_t slot = p.slots[i];
+    if (slot < 0) continue;
+    const int page = slot / bs, slot0 = slot % bs;
+    if (i > 0) {
+      const int32_t prev = p.slots[i - 1];
+      if (prev >= 0 && prev / bs == page) continue;  // not the first token of its run
+    }
+    int len = 1;
+    while (i + len < p.n && len < bs - slot0) {
+      const int32_t s = p.slots[i + len];
+      if (s < 0 || s / bs != page) break;
+      ++len;
+    }
+    float amax = 0.f;
+    for (int rr = r; rr < len; rr += kRowsPerPass) {
+      float x[16];
+      load16<D, kFp32>(p.in[kv], i + rr, head, p.heads, part, x);
+#pragma unroll
+      for (int e = 0; e < 16; ++e) amax = fmaxf(amax, finite_abs(x[e]));
+    }
+    amax = group_max(amax, 32);
+    const size_t ph = static_cast<size_t>(page) * p.heads + head;
+    float scale;
+    float* amax_slot = p.amax[kv] + ph;
+    float* scale_slot = p.scales[kv] + ph;
+    if (slot0 == 0) {  // a fresh page head
+      scale = device_scale_for_amax(F, amax);
+      __syncwarp();
+      if (lane == 0) *amax_slot = amax, *scale_slot = scale;
+    } else {
+      const float old_amax = *amax_slot, old_scale = *scale_slot;
+      scale = old_scale;
+      if (amax > old_amax) {
+        scale = device_scale_for_amax(F, amax);
+        // Re-quantize the page head's earlier slots with the grown scale.
+        for (int rr = r; rr < slot0; rr += kRowsPerPass) {
+          uint8_t* code = p.codes[kv] + (ph * bs + rr) * D + part * 16;
+          const uint4 c4 = *reinterpret_cast<const uint4*>(code);
+          const uint32_t w[4] = {c4.x, c4.y, c4.z, c4.w};
+          float x[16];
+#pragma unroll
+          for (int e = 0; e < 16; ++e) x[e] = dequant1<F>((w[e / 4] >> (8 * (e % 4))) & 0xffu, old_scale);
+          *reinterpret_cast<uint4*>(code) = quantize16<F>(x, scale);
+        }
+        __syncwarp();
+        if (lane == 0) *amax_slot = amax, *scale_slot = scale;
+      }
+    }
+    for (int rr = r; rr < len; rr += kRowsPerPass) {
+      float x[16];
+      load16<D, kFp32>(p.in[kv], i + rr, head, p.heads, part, x);
+      *reinterpret_cast<uint4*>(p.codes[kv] + (ph * bs + slot0 + rr) * D + part * 16) = quantize16<F>(x, scale);
+    }
+  }
+}
+
+template <Format F, int D, bool kFp32>
+Status launch_all(const WriteParams& p, cudaStream_t stream, bool per_tensor, bool per_block, Format f) {
+  const long long threads = static_cast<long long>(p.n) * p.heads * 2 * (D / 16);
+  const int blocks = static_cast<int>(std::min<long long>((threads + kThreads - 1) / kThreads, 1 << 20));
+  if (per_tensor) {
+    KVQ_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(p.ws, 0, 3 * sizeof(unsigned), stream), "cuda write: workspace reset"));
+    tensor_amax_kernel<D, kFp32><<<std::min(blocks, 4096), kThreads, 0, stream>>>(p);
+    KVQ_RETURN_IF_ERROR(launch_status("cuda write: tensor amax kernel"));
+    tensor_scale_finalize_kernel<<<1, 32, 0, stream>>>(p, f);
+    KVQ_RETURN_IF_ERROR(launch_status("cuda write: tensor scale kernel"));
+  }
+  write_rows_kernel<F, D, kFp32><<<blocks, kThreads, 0, stream>>>(p);
+  KVQ_RETURN_IF_ERROR(launch_status("cuda write: rows kernel"));
+  if (per_block) {
+    if constexpr (F != Format::kBf16 && F != Format::kFp16) {
+      const dim3 grid((p.n + kSegWindow - 1) / kSegWindow, p.heads, 2);
+      write_segments_kernel<F, D, kFp32><<<grid, kThreads, 0, stream>>>(p);
+      KVQ_RETURN_IF_ERROR(launch_status("cuda write: page-head kernel"));
+    }
+  }
+  return Status::ok();
+}
+
+template <Format F, int D>
+Status launch_input(const WriteParams& p, bool fp32, cudaStream_t s, bool pt, bool pb, Format f) {
+  return fp32 ? launch_all<F, D, true>(p, s, pt, pb, f) : launch_all<F, D, false>(p, s, pt, pb, f);
+}
+
+template <Format F>
+Status launch_format(const WriteParams& p, int d, bool fp32, cudaStream_t s, bool pt, bool pb, Format f) {
+  switch (d) {
+    case 64: return launch_input<F, 64>(p, fp32, s, pt, pb, f);
+    case 128: return launch_input<F, 128>(p, fp32, s, pt, pb, f);
+    default: return launch_input<F, 256>(p, fp32, s, pt, pb, f);
+  }
+}
+
+}  // namespace
+}  // namespace detail
+
+Status can_implement(const WriteArgs& a) {
+  const cache::CacheGeometry& g = a.geom;
+  const std::string d = std::to_string(g.head_dim);
+  if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256)
+    return unsupported("cuda write: head_dim " + d + " is not supported; the CUDA kernels take 64, 128 or 256");
+  if (g.block_size != 16 && g.block_size != 32)
+    return unsupported("cuda write: block_size " + std::to_string(g.block_size) + " is not supported; use 16 or 32");
+  if (g.format == Format::kInt4) return unsupported("cuda write: int4 caches are not written by the CUDA backend yet");
+  if (g.num_kv_heads < 1) return invalid_argument("cuda write: geometry has no kv heads");
+  if (a.num_tokens < 0) return invalid_argument("cuda write: num_tokens is negative");
+  if (a.num_tokens == 0) return Status::ok();
+  if (a.k == nullptr || a.v == nullptr || a.slot_mapping == nullptr)
+    return invalid_argument("cuda write: k, v and slot_mapping must be device pointers, got null");
+  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) != 0; };
+  if (misaligned(a.k) || misaligned(a.v)) return invalid_argument("cuda write: k and v rows must be 16-byte aligned");
+  if (a.layer.k_codes == nullptr || a.layer.v_codes == nullptr) return invalid_argument("cuda write: the layer's code planes are null");
+  if (g.has_scales() && (a.layer.k_scales == nullptr || a.layer.v_scales == nullptr))
+    return invalid_argument(std::string("cuda write: format ") + format_name(g.format) + " needs scale planes, but they are null");
+  if (g.has_scales() && g.granularity == ScaleGranularity::kPerBlockHead && (a.k_block_amax == nullptr || a.v_block_amax == nullptr))
+    return invalid_argument("cuda write: per_block_head needs the k/v block amax planes (DeviceLayer::k_block_amax)");
+  return Status::ok();
+}
+
+size_t workspace_size(const WriteArgs& a) {
+  return a.geom.has_scales() && a.geom.granularity == ScaleGranularity::kPerTensor ? 256 : 0;
+}
+
+Status run(const WriteArgs& a, void* workspace, CUstream_st* stream) {
+  KVQ_RETURN_IF_ERROR(can_implement(a));
+  if (a.num_tokens == 0) return Status::ok();
+  const cache::CacheGeometry& g = a.geom;
+  const bool per_tensor = g.has_scales() && g.granularity == ScaleGranularity::kPerTensor;
+  const bool per_block = g.has_scales() && g.granularity == ScaleGranularity::kPerBlockHead;
+  if (per_tensor && workspace == nullptr) return invalid_argument("cuda write: per_tensor needs workspace_size() bytes of workspace");
+  detail::WriteParams p{};
+  p.codes[0] = a.layer.k_codes, p.codes[1] = a.layer.v_codes;
+  p.scales[0] = a.layer.k_scales, p.scales[1] = a.layer.v_scales;
+  p.sink[0] = a.layer.k_sink, p.sink[1] = a.layer.v_sink;
+  p.amax[0] = a.k_block_amax, p.amax[1] = a.v_block_amax;
+  p.in[0] = a.k, p.in[1] = a.v;
+  p.slots = a.slot_mapping;
+  p.n = a.num_tokens, p.heads = g.num_kv_heads, p.block_size = g.block_size;
+  p.granularity = static_cast<int>(g.granularity);
+  p.quantized = g.has_scales();
+  p.ws = static_cast<unsigned*>(workspace);
+  const bool fp32 = a.input == InputType::kFp32;
+  const cudaStream_t s = stream;
+  switch (g.format) {
+    case Format::kBf16: return detail::launch_format<Format::kBf16>(p, g.head_dim, fp32, s, false, false, g.format);
+    case Format::kFp16: return detail::launch_format<Format::kFp16>(p, g.head_dim, fp32, s, false, false, g.format);
+    case Format::kFp8E4m3: return detail::launch_format<Format::kFp8E4m3>(p, g.head_dim, fp32, s, per_tensor, per_block, g.format);
+    case Format::kFp8E4m3Fnuz:
+      return detail::launch_format<Format::kFp8E4m3Fnuz>(p, g.head_dim, fp32, s, per_tensor, per_block, g.format);
+    case Format::kInt8: return detail::launch_format<Format::kInt8>(p, g.head_dim, fp32, s, per_tensor, per_block, g.format);
+    default: return unsupported("cuda write: unsupported format");
+  }
+}
+
+}  // namespace kvq::attention::cuda

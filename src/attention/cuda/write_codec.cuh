@@ -1,0 +1,103 @@
+#pragma once
+// Device quantization that reproduces quant::quantize_row / scale_for_amax bit for bit.
+// fp8 uses the hardware conversion (cvt.rn.satfinite.e4m3x2.f32: one rounding to nearest even,
+// saturation at 448), then applies the writer's interchange rule (-0 -> +0). FNUZ codes are the
+// OCP codes of 2x: the two grids coincide up to that factor for every code the FNUZ writer emits
+// (cap 224 = OCP 448). tests/attention/write_test.cu checks both against the scalar codecs on
+// every float bit pattern.
+#include <cfloat>
+#include <cstdint>
+
+#include "device_util.cuh"
+#include "kvq/format/format.h"
+
+namespace kvq::attention::cuda::detail {
+
+__device__ __forceinline__ float device_scale_for_amax(Format f, float amax) {
+  if (!(amax > 0.f) || !isfinite(amax)) return 1.f;
+  const float s = __fdiv_rn(amax, format_qmax(f));
+  return s < FLT_MIN ? FLT_MIN : s;
+}
+
+__device__ __forceinline__ float finite_abs(float x) {
+  const float a = fabsf(x);
+  return isfinite(a) ? a : 0.f;
+}
+
+// Bytes equal to 0x80 (-0 in OCP) become 0x00.
+__device__ __forceinline__ uint32_t flush_neg_zero4(uint32_t w) { return w & ~__vcmpeq4(w, 0x80808080u); }
+
+__device__ __forceinline__ uint32_t e4m3x4_satfinite(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return flush_neg_zero4(lo | (hi << 16));
+}
+
+__device__ __forceinline__ uint32_t int8_code(float x) {
+  int q = __float2int_rn(x);  // round to nearest even; saturates; NaN -> 0
+  q = min(max(q, -format::kInt8Max), format::kInt8Max);
+  return static_cast<uint32_t>(q) & 0xffu;
+}
+
+// Four already scaled values (finite or +-inf; NaN never reaches here) -> four 8-bit codes.
+template <Format F>
+__device__ __forceinline__ uint32_t encode4(float a, float b, float c, float d) {
+  if constexpr (F == Format::kFp8E4m3) {
+    return e4m3x4_satfinite(a, b, c, d);
+  } else if constexpr (F == Format::kFp8E4m3Fnuz) {
+    return e4m3x4_satfinite(2.f * a, 2.f * b, 2.f * c, 2.f * d);
+  } else {
+    return int8_code(a) | (int8_code(b) << 8) | (int8_code(c) << 16) | (int8_code(d) << 24);
+  }
+}
+
+// quantize_row's element rule: non-finite -> code 0, else encode(x / scale).
+template <Format F>
+__device__ __forceinline__ float scaled_or_zero(float x, float scale) {
+  return isfinite(x) ? __fdiv_rn(x, scale) : 0.f;
+}
+
+// 16 values -> 16 codes of an 8-bit format.
+template <Format F>
+__device__ __forceinline__ uint4 quantize16(const float (&x)[16], float scale) {
+  float s[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) s[i] = scaled_or_zero<F>(x[i], scale);
+  uint4 r;
+  r.x = encode4<F>(s[0], s[1], s[2], s[3]);
+  r.y = encode4<F>(s[4], s[5], s[6], s[7]);
+  r.z = encode4<F>(s[8], s[9], s[10], s[11]);
+  r.w = encode4<F>(s[12], s[13], s[14], s[15]);
+  return r;
+}
+
+// quantize_row for bf16 / fp16 storage: non-finite -> 0, values that would round to inf
+// saturate to the largest finite value, else round to nearest even.
+template <Format F>
+__device__ __forceinline__ uint16_t store16(float v) {
+  if (!isfinite(v)) return 0;
+  if constexpr (F == Format::kFp16) {
+    if (fabsf(v) >= 65520.0f) v = copysignf(65504.0f, v);
+    return format::float_to_fp16(v);
+  } else {
+    if (fabsf(v) >= __uint_as_float(0x7F7F8000u)) v = copysignf(__uint_as_float(0x7F7F0000u), v);
+    return format::float_to_bf16(v);
+  }
+}
+
+template <Format F>
+__device__ __forceinline__ void store16x16(const float (&x)[16], uint4& lo, uint4& hi) {
+  uint32_t w[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) w[i] = store16<F>(x[2 * i]) | (static_cast<uint32_t>(store16<F>(x[2 * i + 1])) << 16);
+  lo = make_uint4(w[0], w[1], w[2], w[3]);
+  hi = make_uint4(w[4], w[5], w[6], w[7]);
+}
+
+// One code byte back to the value the host's dequantize_row gives (code value * scale).
+template <Format F>
+__device__ __forceinline__ float dequant1(uint32_t byte, float scale) {
+  return __fmul_rn(decode_byte(F, static_cast<uint8_t>(byte)), scale);
+}
+
+}  // namespace kvq::attention::cuda::detail

@@ -1,0 +1,573 @@
+#include "kvq/cache/paged_cache.h"
+
+#include <algorithm>
+#include <bit>
+#include <climits>
+#include <cstring>
+#include <new>
+#include <string>
+
+namespace kvq::cache {
+namespace {
+
+// Sink planes hold bf16 as uint16 and the quantizer writes 2-byte values little-endian, so the
+// two views of a sink row agree only on a little-endian host (every platform kvq targets).
+static_assert(std::endian::native == std::endian::little, "kvq's host planes assume little-endian");
+
+constexpr int kMinHeadDim = 8;
+constexpr int kMaxHeadDim = 256;
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+std::string seq_name(SeqId s) { return "sequence " + std::to_string(s); }
+
+int sink_len_of(int len, int cap) { return std::min(len, cap); }
+int main_len_of(int len, int cap) { return std::max(0, len - cap); }
+
+const std::vector<int32_t>& empty_table() {
+  static const std::vector<int32_t> kEmpty;
+  return kEmpty;
+}
+
+Status validate(const CacheConfig& cfg) {
+  const QuantSpec& sp = cfg.spec;
+  if (cfg.num_layers < 1) return invalid_argument("num_layers must be >= 1 (got " + std::to_string(cfg.num_layers) + ")");
+  if (cfg.num_kv_heads < 1) {
+    return invalid_argument("num_kv_heads must be >= 1 (got " + std::to_string(cfg.num_kv_heads) + ")");
+  }
+  if (cfg.head_dim < kMinHeadDim || cfg.head_dim > kMaxHeadDim || cfg.head_dim % 8 != 0) {
+    return invalid_argument("head_dim " + std::to_string(cfg.head_dim) +
+                            " is not supported: the cache takes head_dim 8..256 in steps of 8");
+  }
+  if (sp.block_size != 16 && sp.block_size != 32) {
+    return invalid_argument("block size " + std::to_string(sp.block_size) + " is not supported; accepted: 16, 32");
+  }
+  if (sp.format == Format::kInt4) return unsupported("int4 KV cache not implemented yet; use int8 or fp8");
+  if (sp.scale_dtype != ScaleDtype::kFp32) return unsupported("fp16 scale planes are not implemented yet; use fp32");
+  if (sp.granularity != ScaleGranularity::kPerTensor && sp.granularity != ScaleGranularity::kPerTokenHead &&
+      sp.granularity != ScaleGranularity::kPerBlockHead) {
+    return invalid_argument("unknown scale granularity value " + std::to_string(static_cast<int>(sp.granularity)));
+  }
+  if (cfg.num_pages < 1) return invalid_argument("num_pages must be >= 1 (got " + std::to_string(cfg.num_pages) + ")");
+  if (cfg.num_sink_pages < 0) {
+    return invalid_argument("num_sink_pages must be >= 0 (got " + std::to_string(cfg.num_sink_pages) + ")");
+  }
+  if (sp.sink_tokens < 0 || sp.sink_tokens > kMaxSinkTokens) {
+    return invalid_argument("sink_tokens " + std::to_string(sp.sink_tokens) + " is out of range 0.." +
+                            std::to_string(kMaxSinkTokens));
+  }
+  const int per_seq = ceil_div(sp.sink_tokens, sp.block_size);
+  if (cfg.num_sink_pages < per_seq) {
+    return invalid_argument("a sink of " + std::to_string(sp.sink_tokens) + " tokens needs " +
+                            std::to_string(per_seq) + " sink pages per sequence (block size " +
+                            std::to_string(sp.block_size) + ") but num_sink_pages is " +
+                            std::to_string(cfg.num_sink_pages) +
+                            "; size the sink pool for the concurrent sequences, or use --kv-sink-tokens 0");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cfg) {
+  KVQ_RETURN_IF_ERROR(validate(cfg));
+  std::unique_ptr<PagedKvCache> c(new PagedKvCache());
+  c->cfg_ = cfg;
+  CacheGeometry& g = c->geom_;
+  g.num_layers = cfg.num_layers;
+  g.num_kv_heads = cfg.num_kv_heads;
+  g.head_dim = cfg.head_dim;
+  g.block_size = cfg.spec.block_size;
+  g.num_pages = cfg.num_pages;
+  g.num_sink_pages = cfg.num_sink_pages;
+  g.format = cfg.spec.format;
+  g.granularity = cfg.spec.granularity;
+
+  // Checked in floating point first: the exact product can overflow size_t for absurd shapes.
+  const double per_layer = 2.0 * (static_cast<double>(g.elems_per_page()) * format_bits(g.format) / 8 * g.num_pages +
+                                  static_cast<double>(g.elems_per_page()) * 2 * g.num_sink_pages +
+                                  static_cast<double>(g.scales_per_page()) * 4 * g.num_pages);
+  const double total = per_layer * g.num_layers;
+  constexpr double kLimit = 1ull << 46;  // 64 TiB: beyond any host this runs on
+  if (total > kLimit) {
+    return out_of_memory("the cache would need " + std::to_string(total / (1ull << 30)) +
+                         " GiB of host memory; use fewer pages");
+  }
+  try {
+    c->layers_.resize(static_cast<size_t>(g.num_layers));
+    for (Planes& p : c->layers_) {
+      p.k_codes.resize(g.code_plane_bytes());
+      p.v_codes.resize(g.code_plane_bytes());
+      p.k_scales.resize(g.scale_plane_bytes() / sizeof(float));
+      p.v_scales.resize(g.scale_plane_bytes() / sizeof(float));
+      p.k_sink.resize(g.sink_plane_bytes() / sizeof(uint16_t));
+      p.v_sink.resize(g.sink_plane_bytes() / sizeof(uint16_t));
+    }
+    if (g.has_scales() && g.granularity == ScaleGranularity::kPerBlockHead) {
+      c->block_amax_.assign(static_cast<size_t>(g.num_layers) * 2 * g.num_pages * g.num_kv_heads, 0.f);
+    }
+    c->tensor_scale_set_.assign(static_cast<size_t>(g.num_layers) * 2, 0);
+  } catch (const std::bad_alloc&) {
+    return out_of_memory("could not allocate " + std::to_string(total / (1ull << 20)) +
+                         " MiB of host memory for the cache; use fewer pages");
+  }
+  c->pool_ = BlockPool(cfg.num_pages);
+  c->sink_pool_ = BlockPool(cfg.num_sink_pages);
+  return c;
+}
+
+// ---- sequences ----------------------------------------------------------------------------------
+
+Status PagedKvCache::check_seq(SeqId seq) const {
+  if (!has_sequence(seq)) return invalid_argument(seq_name(seq) + " does not exist (never added, or freed)");
+  return Status::ok();
+}
+
+Status PagedKvCache::check_layer(int layer) const {
+  if (layer < 0 || layer >= geom_.num_layers) {
+    return invalid_argument("layer " + std::to_string(layer) + " is outside [0, " +
+                            std::to_string(geom_.num_layers) + ")");
+  }
+  return Status::ok();
+}
+
+bool PagedKvCache::has_sequence(SeqId seq) const {
+  return seq >= 0 && static_cast<size_t>(seq) < seqs_.size() && seqs_[static_cast<size_t>(seq)].live;
+}
+
+SeqId PagedKvCache::new_sequence_id() {
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    if (!seqs_[i].live) return static_cast<SeqId>(i);
+  }
+  seqs_.emplace_back();
+  return static_cast<SeqId>(seqs_.size() - 1);
+}
+
+Result<SeqId> PagedKvCache::add_sequence(int sink_tokens) {
+  const int cap = sink_tokens < 0 ? cfg_.spec.sink_tokens : sink_tokens;
+  const long long sink_room = static_cast<long long>(geom_.num_sink_pages) * geom_.block_size;
+  if (cap > sink_room) {
+    return invalid_argument("a sink of " + std::to_string(cap) + " tokens cannot fit: the sink pool holds " +
+                            std::to_string(sink_room) + " tokens (" + std::to_string(geom_.num_sink_pages) +
+                            " pages); ask for fewer sink tokens or create the cache with more sink pages");
+  }
+  const SeqId id = new_sequence_id();
+  Sequence& s = seqs_[static_cast<size_t>(id)];
+  s = Sequence{};
+  s.live = true;
+  s.sink_capacity = cap;
+  s.written.assign(static_cast<size_t>(geom_.num_layers), 0);
+  return id;
+}
+
+Status PagedKvCache::free_sequence(SeqId seq) {
+  KVQ_RETURN_IF_ERROR(check_seq(seq));
+  Sequence& s = seqs_[static_cast<size_t>(seq)];
+  for (int32_t p : s.blocks) KVQ_RETURN_IF_ERROR(pool_.release(p));
+  for (int32_t p : s.sink_blocks) KVQ_RETURN_IF_ERROR(sink_pool_.release(p));
+  s = Sequence{};
+  return Status::ok();
+}
+
+Result<SeqId> PagedKvCache::fork(SeqId parent) {
+  KVQ_RETURN_IF_ERROR(check_seq(parent));
+  const int bs = geom_.block_size;
+  // Copy what is needed before new_sequence_id(), which may grow seqs_ and move `parent`'s entry.
+  const Sequence src = seqs_[static_cast<size_t>(parent)];
+  const int sink_len = sink_len_of(src.len, src.sink_capacity);
+  const int main_len = main_len_of(src.len, src.sink_capacity);
+  // Only a page the sequences may still append into needs its own copy; a partial last sink page
+  // of a full sink is never written again and is shared like a full one.
+  const bool copy_main = main_len % bs != 0;
+  const bool copy_sink = sink_len % bs != 0 && sink_len < src.sink_capacity;
+  if ((copy_main && pool_.num_free() < 1) || (copy_sink && sink_pool_.num_free() < 1)) {
+    return out_of_memory("forking " + seq_name(parent) + " needs " + std::to_string(copy_main ? 1 : 0) +
+                         " free page (" + std::to_string(pool_.num_free()) + " free) and " +
+                         std::to_string(copy_sink ? 1 : 0) + " free sink page (" +
+                         std::to_string(sink_pool_.num_free()) +
+                         " free) for its partial last page; free or preempt a sequence, or give the cache more pages");
+  }
+  const SeqId id = new_sequence_id();
+  Sequence& child = seqs_[static_cast<size_t>(id)];
+  child = src;
+  for (size_t i = 0; i < child.blocks.size(); ++i) {
+    if (copy_main && i + 1 == child.blocks.size()) {
+      const int32_t page = pool_.allocate().value();  // availability checked above
+      KVQ_RETURN_IF_ERROR(copy_page(false, child.blocks[i], page));
+      child.blocks[i] = page;
+    } else {
+      KVQ_RETURN_IF_ERROR(pool_.retain(child.blocks[i]));
+    }
+  }
+  for (size_t i = 0; i < child.sink_blocks.size(); ++i) {
+    if (copy_sink && i + 1 == child.sink_blocks.size()) {
+      const int32_t page = sink_pool_.allocate().value();
+      KVQ_RETURN_IF_ERROR(copy_page(true, child.sink_blocks[i], page));
+      child.sink_blocks[i] = page;
+    } else {
+      KVQ_RETURN_IF_ERROR(sink_pool_.retain(child.sink_blocks[i]));
+    }
+  }
+  return id;
+}
+
+Status PagedKvCache::copy_page(bool sink, int32_t from, int32_t to) {
+  if (from == to) return Status::ok();
+  for (int l = 0; l < geom_.num_layers; ++l) {
+    Planes& p = layers_[static_cast<size_t>(l)];
+    if (sink) {
+      const size_t n = geom_.elems_per_page();
+      std::memcpy(p.k_sink.data() + n * to, p.k_sink.data() + n * from, n * sizeof(uint16_t));
+      std::memcpy(p.v_sink.data() + n * to, p.v_sink.data() + n * from, n * sizeof(uint16_t));
+      continue;
+    }
+    const size_t nb = geom_.bytes_per_page();
+    std::memcpy(p.k_codes.data() + nb * to, p.k_codes.data() + nb * from, nb);
+    std::memcpy(p.v_codes.data() + nb * to, p.v_codes.data() + nb * from, nb);
+    const size_t ns = geom_.scales_per_page();
+    if (ns > 0) {
+      std::memcpy(p.k_scales.data() + ns * to, p.k_scales.data() + ns * from, ns * sizeof(float));
+      std::memcpy(p.v_scales.data() + ns * to, p.v_scales.data() + ns * from, ns * sizeof(float));
+    }
+    if (!block_amax_.empty()) {
+      for (int kv = 0; kv < 2; ++kv) {
+        std::memcpy(block_amax(l, kv, to, 0), block_amax(l, kv, from, 0), geom_.num_kv_heads * sizeof(float));
+      }
+    }
+  }
+  return Status::ok();
+}
+
+float* PagedKvCache::block_amax(int layer, int kv, int32_t page, int head) {
+  const size_t i = ((static_cast<size_t>(layer) * 2 + kv) * geom_.num_pages + page) * geom_.num_kv_heads + head;
+  return &block_amax_[i];
+}
+
+int PagedKvCache::shared_pages(const Sequence& s, bool sink, int first_block, int last_block) const {
+  const std::vector<int32_t>& t = sink ? s.sink_blocks : s.blocks;
+  const BlockPool& pool = sink ? sink_pool_ : pool_;
+  int n = 0;
+  for (int b = std::max(first_block, 0); b <= last_block && b < static_cast<int>(t.size()); ++b) {
+    if (pool.refcount(t[static_cast<size_t>(b)]) > 1) ++n;
+  }
+  return n;
+}
+
+Status PagedKvCache::unshare(Sequence& s, bool sink, int first_block, int last_block) {
+  std::vector<int32_t>& t = sink ? s.sink_blocks : s.blocks;
+  BlockPool& pool = sink ? sink_pool_ : pool_;
+  for (int b = std::max(first_block, 0); b <= last_block && b < static_cast<int>(t.size()); ++b) {
+    int32_t& page = t[static_cast<size_t>(b)];
+    if (pool.refcount(page) <= 1) continue;
+    Result<int32_t> fresh = pool.allocate();
+    if (!fresh.is_ok()) return fresh.status();  // callers check availability first
+    KVQ_RETURN_IF_ERROR(copy_page(sink, page, fresh.value()));
+    KVQ_RETURN_IF_ERROR(pool.release(page));
+    page = fresh.value();
+  }
+  return Status::ok();
+}
+
+Status PagedKvCache::extend(SeqId seq, int n_tokens) {
+  KVQ_RETURN_IF_ERROR(check_seq(seq));
+  if (n_tokens < 0) return invalid_argument("extend by a negative token count (" + std::to_string(n_tokens) + ")");
+  if (n_tokens == 0) return Status::ok();
+  Sequence& s = seqs_[static_cast<size_t>(seq)];
+  if (n_tokens > INT_MAX - s.len) return invalid_argument("extend would overflow the length of " + seq_name(seq));
+  const int bs = geom_.block_size;
+  const int new_len = s.len + n_tokens;
+  const int old_sink = sink_len_of(s.len, s.sink_capacity), new_sink = sink_len_of(new_len, s.sink_capacity);
+  const int old_main = main_len_of(s.len, s.sink_capacity), new_main = main_len_of(new_len, s.sink_capacity);
+  const int new_sink_pages = ceil_div(new_sink, bs) - static_cast<int>(s.sink_blocks.size());
+  const int new_main_pages = ceil_div(new_main, bs) - static_cast<int>(s.blocks.size());
+  // New slots in a partially filled last page that is shared: that page gets its own copy first.
+  const int last_main = old_main % bs != 0 && new_main > old_main ? static_cast<int>(s.blocks.size()) - 1 : -1;
+  const int last_sink = old_sink % bs != 0 && new_sink > old_sink ? static_cast<int>(s.sink_blocks.size()) - 1 : -1;
+  const int need_main = new_main_pages + (last_main >= 0 ? shared_pages(s, false, last_main, last_main) : 0);
+  const int need_sink = new_sink_pages + (last_sink >= 0 ? shared_pages(s, true, last_sink, last_sink) : 0);
+  if (need_main > pool_.num_free() || need_sink > sink_pool_.num_free()) {
+    return out_of_memory("KV cache pages exhausted: extending " + seq_name(seq) + " (" + std::to_string(s.len) +
+                         " tokens) by " + std::to_string(n_tokens) + " needs " + std::to_string(need_main) +
+                         " pages (" + std::to_string(pool_.num_free()) + " of " + std::to_string(pool_.num_pages()) +
+                         " free) and " + std::to_string(need_sink) + " sink pages (" +
+                         std::to_string(sink_pool_.num_free()) + " of " + std::to_string(sink_pool_.num_pages()) +
+                         " free); give the cache more memory (pages) or process fewer tokens at once "
+                         "(shorter prompt or chunk, smaller batch, or preempt a sequence)");
+  }
+  if (last_main >= 0) KVQ_RETURN_IF_ERROR(unshare(s, false, last_main, last_main));
+  if (last_sink >= 0) KVQ_RETURN_IF_ERROR(unshare(s, true, last_sink, last_sink));
+  for (int i = 0; i < new_main_pages; ++i) s.blocks.push_back(pool_.allocate().value());
+  for (int i = 0; i < new_sink_pages; ++i) s.sink_blocks.push_back(sink_pool_.allocate().value());
+  s.len = new_len;
+  return Status::ok();
+}
+
+// ---- write / read ---------------------------------------------------------------------------------
+
+void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0, int slot1, const float* k,
+                                   const float* v) {
+  const int bs = geom_.block_size, heads = geom_.num_kv_heads, d = geom_.head_dim;
+  const Format f = geom_.format;
+  const int32_t page = s.blocks[static_cast<size_t>(block)];
+  const size_t row_stride = static_cast<size_t>(heads) * d;  // floats between tokens of the input
+  // Slots of this page already holding this layer's data and not overwritten now.
+  const int page_first_token = s.sink_capacity + block * bs;
+  const int filled = std::clamp(s.written[static_cast<size_t>(layer)] - page_first_token, 0, bs);
+  Planes& pl = layers_[static_cast<size_t>(layer)];
+  const int bits = format_bits(f);
+
+  for (int kv = 0; kv < 2; ++kv) {
+    const float* src = kv == 0 ? k : v;
+    uint8_t* codes = kv == 0 ? pl.k_codes.data() : pl.v_codes.data();
+    float* scales = kv == 0 ? pl.k_scales.data() : pl.v_scales.data();
+    for (int h = 0; h < heads; ++h) {
+      auto row = [&](int slot) { return src + static_cast<size_t>(slot - slot0) * row_stride + static_cast<size_t>(h) * d; };
+      auto dst = [&](int slot) { return codes + geom_.elem_index(page, h, slot) * bits / 8; };
+      if (!geom_.has_scales() || geom_.granularity == ScaleGranularity::kPerTensor) {
+        const float scale = geom_.has_scales() ? scales[0] : 1.0f;
+        for (int t = slot0; t < slot1; ++t) quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
+      } else if (geom_.granularity == ScaleGranularity::kPerTokenHead) {
+        for (int t = slot0; t < slot1; ++t) {
+          const float scale = quant::scale_for_amax(f, quant::finite_amax(row(t), d));
+          scales[geom_.scale_index(page, h, t)] = scale;
+          quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
+        }
+      } else {  // per_block_head
+        float amax = 0.f;
+        for (int t = slot0; t < slot1; ++t) amax = std::max(amax, quant::finite_amax(row(t), d));
+        float& page_amax = *block_amax(layer, kv, page, h);
+        float& scale = scales[geom_.scale_index(page, h, 0)];
+        const bool keeps_old = slot0 > 0 || slot1 < filled;
+        if (!keeps_old) {
+          page_amax = amax;
+          scale = quant::scale_for_amax(f, amax);
+        } else if (amax > page_amax) {
+          const float grown = quant::scale_for_amax(f, amax);
+          float tmp[kMaxHeadDim];
+          quant::QuantStats ignored;  // re-encoding is not new input: only the event is counted
+          for (int t = 0; t < filled; ++t) {
+            if (t >= slot0 && t < slot1) continue;
+            quant::dequantize_row(f, dst(t), d, scale, tmp);
+            quant::quantize_row(f, tmp, d, grown, dst(t), &ignored);
+          }
+          ++stats_.requantized_page_heads;
+          page_amax = amax;
+          scale = grown;
+        }
+        for (int t = slot0; t < slot1; ++t) quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
+      }
+    }
+  }
+}
+
+Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const float* v, int n_tokens) {
+  KVQ_RETURN_IF_ERROR(check_seq(seq));
+  KVQ_RETURN_IF_ERROR(check_layer(layer));
+  if (n_tokens < 0 || pos0 < 0) {
+    return invalid_argument("write needs pos0 >= 0 and n_tokens >= 0 (got " + std::to_string(pos0) + ", " +
+                            std::to_string(n_tokens) + ")");
+  }
+  if (n_tokens == 0) return Status::ok();
+  Sequence& s = seqs_[static_cast<size_t>(seq)];
+  if (pos0 > s.len - n_tokens) {
+    return invalid_argument("write of tokens [" + std::to_string(pos0) + ", " + std::to_string(pos0 + n_tokens) +
+                            ") to " + seq_name(seq) + ", which has " + std::to_string(s.len) +
+                            " reserved tokens; call extend() first");
+  }
+  const int written = s.written[static_cast<size_t>(layer)];
+  if (pos0 > written) {
+    return invalid_argument("layer " + std::to_string(layer) + " of " + seq_name(seq) + " has tokens [0, " +
+                            std::to_string(written) + ") written; a write must start at or before " +
+                            std::to_string(written) + " (got " + std::to_string(pos0) +
+                            "), since tokens are written in order");
+  }
+  if (k == nullptr || v == nullptr) return invalid_argument("write needs non-null K and V rows");
+
+  const int bs = geom_.block_size, cap = s.sink_capacity, end = pos0 + n_tokens;
+  // Pages touched by this write that are still shared get private copies first (all or nothing).
+  const int sink_first = pos0 < cap ? pos0 / bs : 0, sink_last = pos0 < cap ? (std::min(end, cap) - 1) / bs : -1;
+  const int main_first = end > cap ? (std::max(pos0, cap) - cap) / bs : 0, main_last = end > cap ? (end - 1 - cap) / bs : -1;
+  const int need_sink = shared_pages(s, true, sink_first, sink_last);
+  const int need_main = shared_pages(s, false, main_first, main_last);
+  if (need_main > pool_.num_free() || need_sink > sink_pool_.num_free()) {
+    return out_of_memory("writing to " + seq_name(seq) + " needs private copies of " + std::to_string(need_main) +
+                         " shared pages (" + std::to_string(pool_.num_free()) + " free) and " +
+                         std::to_string(need_sink) + " shared sink pages (" + std::to_string(sink_pool_.num_free()) +
+                         " free); free or preempt a sequence, or give the cache more pages");
+  }
+  KVQ_RETURN_IF_ERROR(unshare(s, true, sink_first, sink_last));
+  KVQ_RETURN_IF_ERROR(unshare(s, false, main_first, main_last));
+
+  const int heads = geom_.num_kv_heads, d = geom_.head_dim;
+  const size_t row_stride = static_cast<size_t>(heads) * d;
+  Planes& pl = layers_[static_cast<size_t>(layer)];
+
+  for (int t = pos0; t < std::min(end, cap); ++t) {
+    const int32_t page = s.sink_blocks[static_cast<size_t>(t / bs)];
+    for (int h = 0; h < heads; ++h) {
+      const size_t off = geom_.elem_index(page, h, t % bs);
+      const size_t in = static_cast<size_t>(t - pos0) * row_stride + static_cast<size_t>(h) * d;
+      quant::quantize_row(Format::kBf16, k + in, d, 1.f, reinterpret_cast<uint8_t*>(pl.k_sink.data() + off), &stats_);
+      quant::quantize_row(Format::kBf16, v + in, d, 1.f, reinterpret_cast<uint8_t*>(pl.v_sink.data() + off), &stats_);
+    }
+  }
+
+  if (end > cap) {
+    const int t0 = std::max(pos0, cap);
+    const float* k0 = k + static_cast<size_t>(t0 - pos0) * row_stride;
+    const float* v0 = v + static_cast<size_t>(t0 - pos0) * row_stride;
+    if (geom_.has_scales() && geom_.granularity == ScaleGranularity::kPerTensor) {
+      // The layer's scale is fixed by the first write reaching the quantized pages.
+      const size_t n = static_cast<size_t>(end - t0) * row_stride;
+      for (int kv = 0; kv < 2; ++kv) {
+        uint8_t& set = tensor_scale_set_[static_cast<size_t>(layer) * 2 + kv];
+        if (set) continue;
+        const float amax = quant::finite_amax(kv == 0 ? k0 : v0, static_cast<int>(n));
+        (kv == 0 ? pl.k_scales : pl.v_scales)[0] = quant::scale_for_amax(geom_.format, amax);
+        set = 1;
+      }
+    }
+    for (int t = t0; t < end;) {
+      const int u = t - cap, block = u / bs, slot0 = u % bs;
+      const int slot1 = std::min(bs, slot0 + (end - t));
+      const size_t in = static_cast<size_t>(t - pos0) * row_stride;
+      write_main_page(s, layer, block, slot0, slot1, k + in, v + in);
+      t += slot1 - slot0;
+    }
+  }
+  s.written[static_cast<size_t>(layer)] = std::max(written, end);
+  return Status::ok();
+}
+
+Status PagedKvCache::read_token(SeqId seq, int layer, int pos, float* k, float* v) const {
+  KVQ_RETURN_IF_ERROR(check_seq(seq));
+  KVQ_RETURN_IF_ERROR(check_layer(layer));
+  const Sequence& s = seqs_[static_cast<size_t>(seq)];
+  const int written = s.written[static_cast<size_t>(layer)];
+  if (pos < 0 || pos >= written) {
+    return invalid_argument("token " + std::to_string(pos) + " of layer " + std::to_string(layer) + " of " +
+                            seq_name(seq) + " is not written (tokens [0, " + std::to_string(written) + ") are)");
+  }
+  if (k == nullptr || v == nullptr) return invalid_argument("read_token needs non-null K and V outputs");
+  const int bs = geom_.block_size, heads = geom_.num_kv_heads, d = geom_.head_dim;
+  const Planes& pl = layers_[static_cast<size_t>(layer)];
+  if (pos < s.sink_capacity) {
+    const int32_t page = s.sink_blocks[static_cast<size_t>(pos / bs)];
+    for (int h = 0; h < heads; ++h) {
+      const size_t off = geom_.elem_index(page, h, pos % bs);
+      const auto* kb = reinterpret_cast<const uint8_t*>(pl.k_sink.data() + off);
+      const auto* vb = reinterpret_cast<const uint8_t*>(pl.v_sink.data() + off);
+      quant::dequantize_row(Format::kBf16, kb, d, 1.f, k + static_cast<size_t>(h) * d);
+      quant::dequantize_row(Format::kBf16, vb, d, 1.f, v + static_cast<size_t>(h) * d);
+    }
+    return Status::ok();
+  }
+  const int u = pos - s.sink_capacity;
+  const int32_t page = s.blocks[static_cast<size_t>(u / bs)];
+  const int slot = u % bs;
+  const int bits = format_bits(geom_.format);
+  for (int h = 0; h < heads; ++h) {
+    const size_t off = geom_.elem_index(page, h, slot) * bits / 8;
+    float ks = 1.f, vs = 1.f;
+    if (geom_.has_scales()) {
+      ks = pl.k_scales[geom_.scale_index(page, h, slot)];
+      vs = pl.v_scales[geom_.scale_index(page, h, slot)];
+    }
+    quant::dequantize_row(geom_.format, pl.k_codes.data() + off, d, ks, k + static_cast<size_t>(h) * d);
+    quant::dequantize_row(geom_.format, pl.v_codes.data() + off, d, vs, v + static_cast<size_t>(h) * d);
+  }
+  return Status::ok();
+}
+
+// ---- accessors ----------------------------------------------------------------------------------
+
+int PagedKvCache::seq_len(SeqId seq) const { return has_sequence(seq) ? seqs_[static_cast<size_t>(seq)].len : -1; }
+
+int PagedKvCache::sink_len(SeqId seq) const {
+  if (!has_sequence(seq)) return -1;
+  const Sequence& s = seqs_[static_cast<size_t>(seq)];
+  return sink_len_of(s.len, s.sink_capacity);
+}
+
+int PagedKvCache::sink_capacity(SeqId seq) const {
+  return has_sequence(seq) ? seqs_[static_cast<size_t>(seq)].sink_capacity : -1;
+}
+
+int PagedKvCache::written(SeqId seq, int layer) const {
+  if (!has_sequence(seq) || layer < 0 || layer >= geom_.num_layers) return -1;
+  return seqs_[static_cast<size_t>(seq)].written[static_cast<size_t>(layer)];
+}
+
+const std::vector<int32_t>& PagedKvCache::block_table(SeqId seq) const {
+  return has_sequence(seq) ? seqs_[static_cast<size_t>(seq)].blocks : empty_table();
+}
+
+const std::vector<int32_t>& PagedKvCache::sink_table(SeqId seq) const {
+  return has_sequence(seq) ? seqs_[static_cast<size_t>(seq)].sink_blocks : empty_table();
+}
+
+LayerView PagedKvCache::layer_view(int layer) {
+  LayerView view;
+  if (layer < 0 || layer >= geom_.num_layers) return view;
+  Planes& p = layers_[static_cast<size_t>(layer)];
+  view.k_codes = p.k_codes.data();
+  view.v_codes = p.v_codes.data();
+  if (geom_.has_scales()) {
+    view.k_scales = p.k_scales.data();
+    view.v_scales = p.v_scales.data();
+  }
+  if (geom_.num_sink_pages > 0) {
+    view.k_sink = p.k_sink.data();
+    view.v_sink = p.v_sink.data();
+  }
+  return view;
+}
+
+BatchTablesView PagedKvCache::BatchTables::view() const {
+  BatchTablesView v;
+  v.num_seqs = static_cast<int>(seq_lens.size());
+  v.seq_lens = seq_lens.data();
+  v.sink_lens = sink_lens.data();
+  v.block_tables = block_tables.data();
+  v.max_blocks = max_blocks;
+  v.sink_tables = sink_tables.data();
+  v.max_sink_blocks = max_sink_blocks;
+  return v;
+}
+
+PagedKvCache::BatchTables PagedKvCache::batch_tables(const std::vector<SeqId>& seqs) const {
+  BatchTables bt;
+  for (SeqId id : seqs) {
+    bt.max_blocks = std::max(bt.max_blocks, static_cast<int>(block_table(id).size()));
+    bt.max_sink_blocks = std::max(bt.max_sink_blocks, static_cast<int>(sink_table(id).size()));
+  }
+  const size_t n = seqs.size();
+  bt.seq_lens.assign(n, 0);
+  bt.sink_lens.assign(n, 0);
+  bt.block_tables.assign(n * bt.max_blocks, -1);
+  bt.sink_tables.assign(n * bt.max_sink_blocks, -1);
+  for (size_t i = 0; i < n; ++i) {
+    if (!has_sequence(seqs[i])) continue;
+    bt.seq_lens[i] = seq_len(seqs[i]);
+    bt.sink_lens[i] = sink_len(seqs[i]);
+    const auto& b = block_table(seqs[i]);
+    std::copy(b.begin(), b.end(), bt.block_tables.begin() + static_cast<ptrdiff_t>(i * bt.max_blocks));
+    const auto& sb = sink_table(seqs[i]);
+    std::copy(sb.begin(), sb.end(), bt.sink_tables.begin() + static_cast<ptrdiff_t>(i * bt.max_sink_blocks));
+  }
+  return bt;
+}
+
+MemoryReport PagedKvCache::memory_report() const {
+  MemoryReport r;
+  for (const Planes& p : layers_) {
+    r.code_bytes += p.k_codes.size() + p.v_codes.size();
+    r.scale_bytes += (p.k_scales.size() + p.v_scales.size()) * sizeof(float);
+    r.sink_bytes += (p.k_sink.size() + p.v_sink.size()) * sizeof(uint16_t);
+  }
+  r.pages_used = pool_.num_pages() - pool_.num_free();
+  r.sink_pages_used = sink_pool_.num_pages() - sink_pool_.num_free();
+  return r;
+}
+
+}  // namespace kvq::cache

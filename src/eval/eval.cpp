@@ -1,0 +1,362 @@
+#include "kvq/eval/eval.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <thread>
+
+#include "kvq/cache/layout.h"
+#include "kvq/eval/gate.h"
+#include "kvq/eval/metrics.h"
+
+namespace kvq::eval {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// One cache spec advancing through the windows next to the baseline.
+struct Lane {
+  QuantSpec spec;
+  std::unique_ptr<model::Runner> runner;
+  std::string error;
+  Accumulator total, window;
+  std::vector<double> window_nll;
+  int64_t tokens = 0;
+  double seconds = 0;
+};
+
+// Compares rows [0, n) of a chunk on `threads` threads. Each row's result lands in its own slot
+// and is summed in order afterwards, so the totals do not depend on the thread count.
+void compare_chunk(const float* base, const std::vector<RowStats>& stats, const float* spec, int vocab,
+                   const int32_t* targets, int n, int threads, std::vector<RowComparison>& out) {
+  out.resize(static_cast<size_t>(n));
+  auto work = [&](int r0, int r1) {
+    for (int r = r0; r < r1; ++r)
+      out[r] = compare_rows(base + static_cast<size_t>(r) * vocab, stats[r], spec + static_cast<size_t>(r) * vocab,
+                            vocab, targets[r]);
+  };
+  threads = std::max(1, std::min(threads, n / 8));
+  if (threads == 1) {
+    work(0, n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const int per = (n + threads - 1) / threads;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(work, std::min(n, t * per), std::min(n, (t + 1) * per));
+  work(0, std::min(n, per));
+  for (auto& th : pool) th.join();
+}
+
+struct PassResult {
+  SpecResult baseline;
+  std::vector<SpecResult> specs;  // same order as the pass's spec list
+};
+
+class Evaluator {
+ public:
+  Evaluator(const model::Model& m, const std::vector<Window>& w, const EvalOptions& o, const ProgressFn& p)
+      : model_(m), windows_(w), opts_(o), progress_(p), vocab_(m.config().vocab_size) {
+    threads_ = o.threads > 0 ? o.threads
+                             : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+  }
+
+  Result<PassResult> run_pass(int pass, const std::vector<QuantSpec>& specs);
+  void note(const std::string& line) {
+    if (!progress_) return;
+    EvalProgress e;
+    e.note = line;
+    e.elapsed_s = seconds_since(start_);
+    progress_(e);
+  }
+  Clock::time_point start() const { return start_; }
+
+ private:
+  const model::Model& model_;
+  const std::vector<Window>& windows_;
+  EvalOptions opts_;
+  const ProgressFn& progress_;
+  int vocab_;
+  int threads_ = 1;
+  Clock::time_point start_ = Clock::now();
+};
+
+Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& specs) {
+  int max_len = 0;
+  for (const auto& w : windows_) max_len = std::max(max_len, static_cast<int>(w.tokens.size()));
+  auto base_runner = model::Runner::create(model_, baseline_spec(), max_len);
+  if (!base_runner.is_ok())
+    return Status(base_runner.status().code(), "bf16 baseline runner: " + base_runner.status().message());
+  Lane base;
+  base.spec = baseline_spec();
+  base.runner = std::move(base_runner).value();
+
+  std::vector<Lane> lanes(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    lanes[i].spec = specs[i];
+    auto r = model::Runner::create(model_, specs[i], max_len);
+    if (r.is_ok()) lanes[i].runner = std::move(r).value();
+    else lanes[i].error = r.status().message();
+  }
+
+  const int chunk = std::max(1, opts_.chunk_tokens);
+  std::vector<float> base_logits(static_cast<size_t>(chunk) * vocab_), spec_logits(base_logits.size());
+  std::vector<RowStats> stats(static_cast<size_t>(chunk));
+  std::vector<int32_t> targets(static_cast<size_t>(chunk));
+  std::vector<RowComparison> rows;
+
+  EvalProgress prog;
+  prog.pass = pass;
+  prog.num_windows = static_cast<int>(windows_.size());
+  int live = 1;
+  for (const auto& l : lanes) live += l.error.empty() ? 1 : 0;
+  for (const auto& w : windows_) prog.total += static_cast<int64_t>(w.tokens.size()) * live;
+
+  auto forward = [&](Lane& lane, const int32_t* tok, int n, float* logits) -> Status {
+    auto t0 = Clock::now();
+    Status st = lane.runner->forward(tok, n, logits);
+    lane.seconds += seconds_since(t0);
+    lane.tokens += n;
+    prog.done += n;
+    return st;
+  };
+
+  for (size_t wi = 0; wi < windows_.size(); ++wi) {
+    const std::vector<int32_t>& tok = windows_[wi].tokens;
+    const int n = static_cast<int>(tok.size());
+    KVQ_RETURN_IF_ERROR(base.runner->reset());
+    for (auto& l : lanes) {
+      l.window = Accumulator{};
+      if (!l.error.empty()) continue;
+      Status st = l.runner->reset();
+      if (!st.is_ok()) l.error = st.message();
+    }
+    base.window = Accumulator{};
+    for (int off = 0; off < n; off += chunk) {
+      const int len = std::min(chunk, n - off);
+      Status st = forward(base, tok.data() + off, len, base_logits.data());
+      if (!st.is_ok()) return Status(st.code(), "bf16 baseline forward: " + st.message());
+      // Rows whose position has a next token; the window's last position has none.
+      const int scored = std::min(len, n - 1 - off);
+      for (int r = 0; r < scored; ++r) {
+        const float* row = base_logits.data() + static_cast<size_t>(r) * vocab_;
+        stats[r] = row_stats(row, vocab_);
+        targets[r] = tok[off + r + 1];
+        RowComparison self;
+        self.base_nll = self.spec_nll = token_nll(row, vocab_, targets[r]);
+        self.top1_agree = true;
+        base.window.add(self);
+      }
+      for (auto& l : lanes) {
+        if (!l.error.empty()) continue;
+        st = forward(l, tok.data() + off, len, spec_logits.data());
+        if (!st.is_ok()) {
+          l.error = st.message();
+          continue;
+        }
+        if (scored <= 0) continue;
+        compare_chunk(base_logits.data(), stats, spec_logits.data(), vocab_, targets.data(), scored, threads_, rows);
+        for (const auto& r : rows) l.window.add(r);
+      }
+      if (progress_) {
+        prog.elapsed_s = seconds_since(start_);
+        progress_(prog);
+      }
+    }
+    base.window_nll.push_back(base.window.spec_mean_nll());
+    base.total.merge(base.window);
+    for (auto& l : lanes) {
+      if (!l.error.empty()) continue;
+      l.window_nll.push_back(l.window.spec_mean_nll());
+      l.total.merge(l.window);
+    }
+    prog.window = static_cast<int>(wi + 1);
+    if (progress_) {
+      prog.elapsed_s = seconds_since(start_);
+      progress_(prog);
+    }
+  }
+
+  const auto& cfg = model_.config();
+  const size_t bf16_bpt = cache::bytes_per_token(baseline_spec(), cfg.n_layers, cfg.n_kv_heads, cfg.head_dim);
+  auto finish = [&](const Lane& l, bool is_base) {
+    SpecResult r;
+    r.spec = l.spec;
+    r.is_baseline = is_base;
+    r.error = l.error;
+    r.evaluated = l.error.empty();
+    r.bytes_per_token = cache::bytes_per_token(l.spec, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim);
+    const double len = static_cast<double>(max_len);
+    const double sink = l.spec.quantized() ? std::min<double>(std::max(0, l.spec.sink_tokens), len) : 0.0;
+    r.bytes_per_token_at_ctx = (sink * bf16_bpt + (len - sink) * r.bytes_per_token) / len;
+    r.saving_pct = 100.0 * (1.0 - static_cast<double>(r.bytes_per_token) / static_cast<double>(bf16_bpt));
+    if (!r.evaluated) return r;
+    r.predictions = l.total.count;
+    r.tokens = l.tokens;
+    r.nll = l.total.spec_mean_nll();
+    r.ppl = perplexity(r.nll);
+    r.kl_mean = l.total.mean_kl();
+    r.kl_max = l.total.kl_max;
+    r.top1 = l.total.top1_rate();
+    r.window_nll = l.window_nll;
+    r.forward_seconds = l.seconds;
+    r.tokens_per_s = l.seconds > 0 ? static_cast<double>(l.tokens) / l.seconds : 0;
+    return r;
+  };
+  PassResult out;
+  out.baseline = finish(base, true);
+  out.baseline.delta_ppl_pct = 0;
+  for (const auto& l : lanes) {
+    SpecResult r = finish(l, false);
+    if (r.evaluated) r.delta_ppl_pct = delta_ppl_pct(out.baseline.ppl, r.ppl);
+    out.specs.push_back(std::move(r));
+  }
+  return out;
+}
+
+bool is_baseline_equivalent(const QuantSpec& s) { return same_cache(s, baseline_spec()); }
+
+}  // namespace
+
+QuantSpec baseline_spec() {
+  QuantSpec s;
+  s.format = Format::kBf16;
+  s.sink_tokens = 0;
+  return s;
+}
+
+Result<std::vector<Window>> eval_windows(const model::Model& model, const std::vector<int32_t>& text_ids,
+                                         const EvalOptions& opts) {
+  const auto& cfg = model.config();
+  if (cfg.max_seq_len > 0 && opts.ctx > cfg.max_seq_len)
+    return invalid_argument("--ctx " + std::to_string(opts.ctx) + " exceeds the model's context length " +
+                            std::to_string(cfg.max_seq_len));
+  WindowOptions wo;
+  wo.ctx = opts.ctx;
+  wo.add_bos = opts.bos < 0 ? cfg.add_bos : opts.bos > 0;
+  wo.bos_id = model.tokenizer().bos_id();
+  wo.max_windows = opts.max_windows;
+  wo.max_tokens = opts.max_tokens;
+  return split_windows(text_ids, wo);
+}
+
+Result<EvalReport> run_eval(const model::Model& model, const std::vector<int32_t>& text_ids,
+                            const std::vector<SpecRequest>& requests, const EvalOptions& opts,
+                            const ProgressFn& progress) {
+  if (requests.empty()) return invalid_argument("no cache spec to evaluate");
+  if (opts.chunk_tokens < 1) return invalid_argument("the chunk size must be at least 1 token");
+  if (!(opts.gate_pct >= 0)) return invalid_argument("the gate must be a non-negative percentage");
+  auto windows = eval_windows(model, text_ids, opts);
+  if (!windows.is_ok()) return windows.status();
+  Evaluator ev(model, windows.value(), opts, progress);
+
+  // Pass 1: every explicit spec, plus each auto's first candidate (always needed).
+  std::vector<QuantSpec> pass_specs;
+  auto want = [&](const QuantSpec& s) {
+    if (is_baseline_equivalent(s)) return;
+    for (const auto& p : pass_specs)
+      if (same_cache(p, s)) return;
+    pass_specs.push_back(s);
+  };
+  for (const auto& r : requests) {
+    if (r.is_auto && !r.auto_chain.empty()) want(r.auto_chain.front());
+    else if (!r.is_auto) want(r.spec);
+  }
+  auto first = ev.run_pass(1, pass_specs);
+  if (!first.is_ok()) return first.status();
+
+  EvalReport rep;
+  rep.model_name = model.config().name;
+  rep.vocab = model.config().vocab_size;
+  rep.ctx = static_cast<int>(windows.value().front().tokens.size());
+  rep.bos = opts.bos < 0 ? model.config().add_bos : opts.bos > 0;
+  rep.num_windows = static_cast<int>(windows.value().size());
+  rep.text_tokens = static_cast<int64_t>(text_ids.size());
+  rep.gate_pct = opts.gate_pct;
+  rep.baseline = first.value().baseline;
+  rep.baseline.label = "bf16 (baseline)";
+  rep.predictions = rep.baseline.predictions;
+  std::vector<SpecResult> evaluated = std::move(first.value().specs);
+
+  auto find = [&](const QuantSpec& s) -> const SpecResult* {
+    if (is_baseline_equivalent(s)) return &rep.baseline;
+    for (const auto& r : evaluated)
+      if (same_cache(r.spec, s)) return &r;
+    return nullptr;
+  };
+
+  // Later passes: auto fallbacks, all autos' next candidates together.
+  for (int pass = 2;; ++pass) {
+    std::vector<QuantSpec> need;
+    for (const auto& r : requests) {
+      if (!r.is_auto) continue;
+      AutoStep st = auto_step(r.auto_chain, find, opts.gate_pct);
+      if (st.decided) continue;
+      bool dup = false;
+      for (const auto& q : need) dup = dup || same_cache(q, r.auto_chain[st.index]);
+      if (!dup) need.push_back(r.auto_chain[st.index]);
+    }
+    if (need.empty()) break;
+    for (const auto& q : need)
+      ev.note("auto: evaluating fallback " + q.to_string() + " (pass " + std::to_string(pass) + ")");
+    auto more = ev.run_pass(pass, need);
+    if (!more.is_ok()) return more.status();
+    const double a = more.value().baseline.nll, b = rep.baseline.nll;
+    if (std::fabs(a - b) > 1e-9 * std::max(1.0, std::fabs(b)))
+      rep.notes.push_back("warning: the bf16 baseline NLL changed between passes (" + std::to_string(b) + " vs " +
+                          std::to_string(a) + "): the forward pass is not deterministic");
+    for (auto& r : more.value().specs) evaluated.push_back(std::move(r));
+  }
+
+  rep.results.push_back(rep.baseline);
+  for (const auto& req : requests) {
+    if (!req.is_auto && is_baseline_equivalent(req.spec)) continue;  // the baseline row stands for it
+    SpecResult row;
+    if (req.is_auto) {
+      AutoStep st = auto_step(req.auto_chain, find, opts.gate_pct);
+      for (const auto& n : st.notes) {
+        rep.notes.push_back(n);
+        ev.note(n);
+      }
+      const SpecResult* chosen = st.decided && !req.auto_chain.empty() ? find(req.auto_chain[st.index]) : nullptr;
+      if (!chosen) continue;
+      row = *chosen;
+      row.is_baseline = false;
+      row.spec = req.auto_chain[st.index];
+      row.spec.from_auto = true;
+    } else {
+      const SpecResult* r = find(req.spec);
+      if (!r) return internal_error("eval lost the result of " + req.spec.to_string());
+      row = *r;
+    }
+    row.label = req.label;
+    rep.results.push_back(std::move(row));
+  }
+  apply_gate(rep.results, opts.gate_pct);
+  rep.total_seconds = seconds_since(ev.start());
+  return rep;
+}
+
+Result<std::vector<float>> compute_logits(const model::Model& model, const QuantSpec& spec,
+                                          const std::vector<int32_t>& tokens, int chunk_tokens) {
+  if (tokens.empty()) return invalid_argument("no tokens to compute logits for");
+  if (chunk_tokens < 1) return invalid_argument("the chunk size must be at least 1 token");
+  auto runner = model::Runner::create(model, spec, static_cast<int>(tokens.size()));
+  if (!runner.is_ok()) return runner.status();
+  const size_t vocab = static_cast<size_t>(model.config().vocab_size);
+  std::vector<float> logits(tokens.size() * vocab);
+  const int n = static_cast<int>(tokens.size());
+  for (int off = 0; off < n; off += chunk_tokens) {
+    const int len = std::min(chunk_tokens, n - off);
+    KVQ_RETURN_IF_ERROR(runner.value()->forward(tokens.data() + off, len, logits.data() + off * vocab));
+  }
+  return logits;
+}
+
+}  // namespace kvq::eval

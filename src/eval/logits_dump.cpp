@@ -1,0 +1,72 @@
+#include "kvq/eval/logits_dump.h"
+
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+namespace kvq::eval {
+
+static_assert(std::endian::native == std::endian::little, "the dump format is little-endian");
+
+namespace {
+constexpr char kMagic[8] = {'K', 'V', 'Q', 'L', 'O', 'G', 'v', '1'};
+
+template <class T>
+void put(std::ofstream& f, const T* p, size_t n) {
+  f.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n * sizeof(T)));
+}
+template <class T>
+bool get(std::ifstream& f, T* p, size_t n) {
+  f.read(reinterpret_cast<char*>(p), static_cast<std::streamsize>(n * sizeof(T)));
+  return static_cast<size_t>(f.gcount()) == n * sizeof(T);
+}
+}  // namespace
+
+Status write_logits_dump(const std::string& path, const LogitsDump& d) {
+  if (d.vocab <= 0 || d.logits.size() != d.tokens.size() * static_cast<size_t>(d.vocab))
+    return invalid_argument("logits dump: logits must be tokens x vocab");
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return Status(StatusCode::kNotFound, "cannot write logits dump '" + path + "': " + std::strerror(errno));
+  const int32_t head[4] = {d.vocab, static_cast<int32_t>(d.text_ids.size()), static_cast<int32_t>(d.tokens.size()),
+                           d.bos ? 1 : 0};
+  f.write(kMagic, sizeof kMagic);
+  put(f, head, 4);
+  put(f, d.text_ids.data(), d.text_ids.size());
+  put(f, d.tokens.data(), d.tokens.size());
+  put(f, d.logits.data(), d.logits.size());
+  f.flush();
+  if (!f) return internal_error("short write to logits dump '" + path + "' (disk full?)");
+  return Status::ok();
+}
+
+Result<LogitsDump> read_logits_dump(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return Status(StatusCode::kNotFound, "cannot open logits dump '" + path + "': " + std::strerror(errno));
+  f.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(f.tellg());
+  f.seekg(0);
+  char magic[8];
+  int32_t head[4];
+  if (!get(f, magic, 8) || std::memcmp(magic, kMagic, 8) != 0 || !get(f, head, 4))
+    return corrupt_input("'" + path + "' is not a kvq logits dump (bad magic)");
+  if (head[0] <= 0 || head[1] < 0 || head[2] < 0 || head[3] < 0 || head[3] > 1)
+    return corrupt_input("logits dump '" + path + "': bad header");
+  const uint64_t need = 24 + 4ull * (static_cast<uint64_t>(head[1]) + head[2]) +
+                        4ull * static_cast<uint64_t>(head[2]) * static_cast<uint64_t>(head[0]);
+  if (need != size)
+    return corrupt_input("logits dump '" + path + "' has " + std::to_string(size) + " bytes, its header implies " +
+                         std::to_string(need));
+  LogitsDump d;
+  d.vocab = head[0];
+  d.bos = head[3] == 1;
+  d.text_ids.resize(static_cast<size_t>(head[1]));
+  d.tokens.resize(static_cast<size_t>(head[2]));
+  d.logits.resize(static_cast<size_t>(head[2]) * static_cast<size_t>(head[0]));
+  if (!get(f, d.text_ids.data(), d.text_ids.size()) || !get(f, d.tokens.data(), d.tokens.size()) ||
+      !get(f, d.logits.data(), d.logits.size()))
+    return corrupt_input("logits dump '" + path + "' is truncated");
+  return d;
+}
+
+}  // namespace kvq::eval

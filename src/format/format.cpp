@@ -1,0 +1,80 @@
+#include "kvq/format/format.h"
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+namespace kvq {
+
+const char* format_name(Format f) {
+  switch (f) {
+    case Format::kBf16: return "bf16";
+    case Format::kFp16: return "fp16";
+    case Format::kFp8E4m3: return "fp8_e4m3";
+    case Format::kFp8E4m3Fnuz: return "fp8_e4m3_fnuz";
+    case Format::kInt8: return "int8";
+    case Format::kInt4: return "int4";
+  }
+  return "unknown";
+}
+
+const char* format_description(Format f) {
+  switch (f) {
+    case Format::kBf16: return "bfloat16, round to nearest even (baseline and sink)";
+    case Format::kFp16: return "IEEE binary16, round to nearest even (baseline, fp16 scales)";
+    case Format::kFp8E4m3:
+      return "FP8 E4M3 OCP 'fn' (NVIDIA sm_89+): bias 7, max 448, NaN S.1111.111; writer never emits -0";
+    case Format::kFp8E4m3Fnuz:
+      return "FP8 E4M3 FNUZ (AMD CDNA3): bias 8, max 240, NaN 0x80; writer caps at 224 (0x7E)";
+    case Format::kInt8: return "int8 symmetric, -127..127";
+    case Format::kInt4: return "int4 symmetric, -7..7, two per byte (element 2i in the low nibble)";
+  }
+  return "unknown";
+}
+
+Result<Format> parse_format_name(std::string_view name) {
+  for (Format f : kAllFormats)
+    if (name == format_name(f)) return f;
+  std::string known;
+  for (Format f : kAllFormats) {
+    if (!known.empty()) known += ", ";
+    known += format_name(f);
+  }
+  return invalid_argument("unknown format '" + std::string(name) + "' (known: " + known + ")");
+}
+
+namespace {
+
+void append_code_line(std::string& out, unsigned code, float value) {
+  char line[64];
+  if (std::isnan(value))
+    std::snprintf(line, sizeof line, "0x%02x nan\n", code);
+  else
+    std::snprintf(line, sizeof line, "0x%02x %a\n", code, static_cast<double>(value));
+  out += line;
+}
+
+}  // namespace
+
+Result<std::string> dump_codes(Format f) {
+  std::string out;
+  switch (f) {
+    case Format::kFp8E4m3:
+    case Format::kFp8E4m3Fnuz:
+    case Format::kInt8:
+      out.reserve(256 * 20);
+      for (unsigned c = 0; c < 256; ++c) append_code_line(out, c, decode_byte(f, static_cast<uint8_t>(c)));
+      return out;
+    case Format::kInt4:
+      for (unsigned c = 0; c < 16; ++c)
+        append_code_line(out, c, static_cast<float>(format::unpack_int4_lo(static_cast<uint8_t>(c))));
+      return out;
+    case Format::kBf16:
+    case Format::kFp16:
+      break;
+  }
+  return invalid_argument(std::string("--dump lists the codes of 8-bit and 4-bit formats; ") +
+                          format_name(f) + " has 65536 codes (use fp8_e4m3, fp8_e4m3_fnuz, int8 or int4)");
+}
+
+}  // namespace kvq

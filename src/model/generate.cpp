@@ -1,0 +1,113 @@
+// Sampling, the generation loop and model-path resolution.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <numeric>
+
+#include "kvq/model/model.h"
+
+namespace kvq::model {
+namespace {
+
+// splitmix64: tiny, seedable with any value (0 included), and identical on every platform,
+// unlike the std:: distributions.
+uint64_t next_u64(uint64_t* s) {
+  uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+double next_unit(uint64_t* s) { return static_cast<double>(next_u64(s) >> 11) * 0x1.0p-53; }
+
+int32_t argmax(const float* x, int n) {
+  int32_t best = 0;
+  for (int i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+bool exists(const std::string& p) {
+  struct stat st {};
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+}  // namespace
+
+int32_t sample_token(const float* logits, int vocab, const SamplingOptions& opts, uint64_t* rng_state) {
+  if (!(opts.temperature > 0.f)) return argmax(logits, vocab);
+  const float mx = logits[argmax(logits, vocab)];
+  std::vector<double> p(vocab);
+  double sum = 0;
+  for (int i = 0; i < vocab; ++i) sum += p[i] = std::exp((static_cast<double>(logits[i]) - mx) / opts.temperature);
+  const double u = next_unit(rng_state);
+  if (opts.top_p >= 1.f) {
+    double acc = 0, target = u * sum;
+    for (int i = 0; i < vocab; ++i)
+      if ((acc += p[i]) > target) return i;
+    return argmax(logits, vocab);
+  }
+  // Nucleus: the smallest set of most likely tokens whose mass reaches top_p, renormalised.
+  std::vector<int32_t> idx(vocab);
+  std::iota(idx.begin(), idx.end(), 0);
+  std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  const double cut = std::max(0.0, static_cast<double>(opts.top_p)) * sum;
+  double mass = 0;
+  size_t keep = 0;
+  while (keep < idx.size()) {
+    mass += p[idx[keep++]];
+    if (mass >= cut) break;
+  }
+  double acc = 0, target = u * mass;
+  for (size_t j = 0; j < keep; ++j)
+    if ((acc += p[idx[j]]) > target) return idx[j];
+  return idx[0];
+}
+
+Result<std::vector<int32_t>> generate(Runner& runner, const std::vector<int32_t>& prompt_ids, const SamplingOptions& opts,
+                                      const std::function<void(int32_t)>& on_token) {
+  if (prompt_ids.empty()) return invalid_argument("generate: the prompt is empty (start with BOS for an empty text)");
+  if (!(opts.temperature >= 0.f) || !(opts.top_p > 0.f && opts.top_p <= 1.f))
+    return invalid_argument("generate: temperature must be >= 0 and top_p in (0, 1]");
+  const int vocab = runner.model().config().vocab_size;
+  const int32_t eos = runner.model().tokenizer().eos_id();
+  std::vector<float> logits(vocab);
+  KVQ_RETURN_IF_ERROR(runner.forward_last(prompt_ids.data(), static_cast<int>(prompt_ids.size()), logits.data()));
+  uint64_t rng = opts.seed;
+  std::vector<int32_t> out;
+  for (int i = 0; i < opts.max_new_tokens; ++i) {
+    int32_t id = sample_token(logits.data(), vocab, opts, &rng);
+    out.push_back(id);
+    if (on_token) on_token(id);
+    if ((opts.stop_at_eos && id == eos) || i + 1 == opts.max_new_tokens) break;
+    if (runner.position() >= runner.max_tokens()) break;
+    KVQ_RETURN_IF_ERROR(runner.forward_last(&id, 1, logits.data()));
+  }
+  return out;
+}
+
+std::string cache_dir() {
+  if (const char* d = std::getenv("KVQ_CACHE_DIR"); d != nullptr && *d != '\0') return d;
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') return std::string(h) + "/.cache/kvq";
+  return ".kvq-cache";
+}
+
+Result<std::string> resolve_model_path(const std::string& name) {
+  if (name == "smollm2") {
+    std::string p = cache_dir() + "/" + kSmolLM2File;
+    if (!exists(p))
+      return Status(StatusCode::kNotFound, "SmolLM2 is not downloaded (looked for " + p + "); run `kvq pull smollm2` first");
+    return p;
+  }
+  if (name == "stories260K") {
+    std::string p = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/stories260K.bin";
+    if (!exists(p)) return Status(StatusCode::kNotFound, "stories260K not found at " + p + " (the project's shared data)");
+    return p;
+  }
+  if (!exists(name)) return Status(StatusCode::kNotFound, "model file '" + name + "' does not exist");
+  return name;
+}
+
+}  // namespace kvq::model

@@ -1,0 +1,127 @@
+#include "kvq/quant/spec.h"
+
+#include <string>
+
+namespace kvq {
+namespace {
+
+constexpr const char* kDtypeChoices = "auto, bf16, fp16, fp8, fp8_e4m3, fp8_fnuz, int8";
+constexpr const char* kGranularityChoices = "per_tensor, per_token_head, per_block_head";
+
+// Canonical storage names. Kept local (same spelling as format_name) so that the quant layer's
+// parsing does not depend on the format layer's string table.
+const char* storage_name(Format f) {
+  switch (f) {
+    case Format::kBf16: return "bf16";
+    case Format::kFp16: return "fp16";
+    case Format::kFp8E4m3: return "fp8_e4m3";
+    case Format::kFp8E4m3Fnuz: return "fp8_e4m3_fnuz";
+    case Format::kInt8: return "int8";
+    case Format::kInt4: return "int4";
+  }
+  return "?";
+}
+
+Status check_storable(Format f, std::string_view origin) {
+  if (f == Format::kInt4) {
+    return unsupported("int4 KV cache not implemented yet (" + std::string(origin) +
+                       "); use --kv-cache-dtype int8 or fp8");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+const char* granularity_name(ScaleGranularity g) {
+  switch (g) {
+    case ScaleGranularity::kPerTensor: return "per_tensor";
+    case ScaleGranularity::kPerTokenHead: return "per_token_head";
+    case ScaleGranularity::kPerBlockHead: return "per_block_head";
+  }
+  return "?";
+}
+
+std::string QuantSpec::to_string() const {
+  std::string s = storage_name(format);
+  // A granularity or scale dtype means nothing for unquantized storage, so it is not printed.
+  if (quantized()) {
+    s += '/';
+    s += granularity_name(granularity);
+    if (scale_dtype == ScaleDtype::kFp16) s += "/fp16_scales";
+  }
+  s += "/b" + std::to_string(block_size);
+  s += "/sink" + std::to_string(sink_tokens);
+  return s;
+}
+
+Result<Format> parse_kv_cache_dtype(std::string_view s) {
+  if (s == "bf16" || s == "bfloat16") return Format::kBf16;
+  if (s == "fp16" || s == "float16") return Format::kFp16;
+  // vLLM's `fp8` means OCP E4M3; FNUZ is only ever chosen explicitly (or by `auto` on gfx942).
+  if (s == "fp8" || s == "fp8_e4m3") return Format::kFp8E4m3;
+  if (s == "fp8_fnuz" || s == "fp8_e4m3_fnuz") return Format::kFp8E4m3Fnuz;
+  if (s == "int8") return Format::kInt8;
+  if (s == "int4" || s == "int4_kivi") {
+    return unsupported("int4 KV cache not implemented yet (--kv-cache-dtype " + std::string(s) +
+                       "); use int8 or fp8");
+  }
+  if (s == "fp8_e5m2") {
+    return unsupported("--kv-cache-dtype fp8_e5m2 is not supported: kvq stores E4M3, which has one "
+                       "more mantissa bit; use fp8 (OCP E4M3) or fp8_fnuz");
+  }
+  if (s == "auto") {
+    return invalid_argument("--kv-cache-dtype auto must be resolved by parse_quant_spec, which knows "
+                            "the machine's preferred format");
+  }
+  return invalid_argument("unknown --kv-cache-dtype '" + std::string(s) + "'; accepted: " + kDtypeChoices);
+}
+
+Result<ScaleGranularity> parse_granularity(std::string_view s) {
+  if (s == "per_tensor") return ScaleGranularity::kPerTensor;
+  if (s == "per_token_head") return ScaleGranularity::kPerTokenHead;
+  if (s == "per_block_head") return ScaleGranularity::kPerBlockHead;
+  return invalid_argument("unknown --kv-scale-granularity '" + std::string(s) +
+                          "'; accepted: " + kGranularityChoices);
+}
+
+Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format) {
+  QuantSpec spec;
+  if (opts.kv_cache_dtype == "auto") {
+    KVQ_RETURN_IF_ERROR(check_storable(auto_format, "chosen by --kv-cache-dtype auto"));
+    spec.format = auto_format;
+    spec.from_auto = true;
+  } else {
+    Result<Format> f = parse_kv_cache_dtype(opts.kv_cache_dtype);
+    if (!f.is_ok()) return f.status();
+    spec.format = f.value();
+  }
+
+  Result<ScaleGranularity> g = parse_granularity(opts.granularity);
+  if (!g.is_ok()) return g.status();
+  spec.granularity = g.value();
+
+  if (opts.scale_dtype == "fp32" || opts.scale_dtype == "float32") {
+    spec.scale_dtype = ScaleDtype::kFp32;
+  } else if (opts.scale_dtype == "fp16" || opts.scale_dtype == "float16") {
+    return unsupported("fp16 scale planes are not implemented yet; use --kv-scale-dtype fp32 "
+                       "(4 bytes per scale)");
+  } else {
+    return invalid_argument("unknown --kv-scale-dtype '" + opts.scale_dtype + "'; accepted: fp32");
+  }
+
+  if (opts.block_size != 16 && opts.block_size != 32) {
+    return invalid_argument("--block-size " + std::to_string(opts.block_size) +
+                            " is not supported; accepted: 16, 32");
+  }
+  spec.block_size = opts.block_size;
+
+  if (opts.sink_tokens < 0 || opts.sink_tokens > kMaxSinkTokens) {
+    return invalid_argument("--kv-sink-tokens " + std::to_string(opts.sink_tokens) +
+                            " is out of range; accepted: 0 (no sink) to " +
+                            std::to_string(kMaxSinkTokens));
+  }
+  spec.sink_tokens = opts.sink_tokens;
+  return spec;
+}
+
+}  // namespace kvq

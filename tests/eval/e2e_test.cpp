@@ -1,0 +1,187 @@
+// End to end on stories260K (a real 260K-parameter Llama): the bf16 baseline must reproduce the
+// reference NLLs published with the model (README in shared/models/stories260K, from an
+// independent float64 implementation), and the eval's bookkeeping must match logits computed
+// directly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+
+#include "kvq/eval/eval.h"
+#include "kvq/eval/gate.h"
+#include "kvq/eval/metrics.h"
+#include "kvq/eval/report.h"
+#include "kvq/model/model.h"
+
+namespace kvq::eval {
+namespace {
+
+const std::string kDir = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/";
+
+class StoriesEval : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::ifstream f(kDir + "tinystories_valid_head.txt", std::ios::binary);
+    if (!f) return;
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto m = model::Model::load(kDir + "stories260K.bin");
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    model_ = std::move(m).value().release();
+    // The reference setup: the first 40,000 characters, tokenized without BOS.
+    ids_ = new std::vector<int32_t>(model_->tokenizer().encode(text.substr(0, 40000), false));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete ids_;
+    model_ = nullptr;
+    ids_ = nullptr;
+  }
+  void SetUp() override {
+    if (!model_) GTEST_SKIP() << "stories260K not found in " << kDir;
+  }
+  static EvalOptions ref_options() {
+    EvalOptions o;
+    o.ctx = 512;  // BOS + 511 text tokens, as in the reference
+    o.max_windows = 8;
+    o.chunk_tokens = 96;  // not a divisor of 512: chunk boundaries must not matter
+    return o;
+  }
+  static SpecRequest request(const std::string& label, Format f) {
+    SpecRequest r;
+    r.label = label;
+    r.spec.format = f;
+    r.spec.sink_tokens = 0;  // the windows are short; make every token quantized
+    return r;
+  }
+  static inline model::Model* model_ = nullptr;
+  static inline std::vector<int32_t>* ids_ = nullptr;
+};
+
+TEST_F(StoriesEval, BaselineMatchesReferenceNll) {
+  ASSERT_TRUE(model_->config().add_bos);
+  auto rep = run_eval(*model_, *ids_, {request("bf16", Format::kBf16)}, ref_options());
+  ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
+  const SpecResult& b = rep.value().baseline;
+  ASSERT_EQ(rep.value().num_windows, 8);
+  ASSERT_EQ(b.window_nll.size(), 8u);
+  EXPECT_EQ(b.predictions, 8 * 511);
+  // Reference values: window 0 mean NLL 1.31121, windows 0-7 1.38709 (README).
+  EXPECT_NEAR(b.window_nll[0], 1.31121, 1e-3);
+  EXPECT_NEAR(b.nll, 1.38709, 1e-3);
+  // bf16 requested explicitly is the baseline row, compared with itself.
+  ASSERT_EQ(rep.value().results.size(), 1u);
+  EXPECT_TRUE(rep.value().results[0].is_baseline);
+  EXPECT_EQ(rep.value().results[0].top1, 1.0);
+  EXPECT_EQ(rep.value().results[0].kl_mean, 0.0);
+}
+
+TEST_F(StoriesEval, QuantizedSpecsAgainstDirectLogits) {
+  EvalOptions o = ref_options();
+  o.max_windows = 2;
+  std::vector<SpecRequest> reqs = {request("fp8", Format::kFp8E4m3), request("int8", Format::kInt8)};
+  auto rep = run_eval(*model_, *ids_, reqs, o);
+  ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
+  const auto& rows = rep.value().results;
+  ASSERT_EQ(rows.size(), 3u);  // baseline first, then the requests in order
+
+  auto windows = eval_windows(*model_, *ids_, o);
+  ASSERT_TRUE(windows.is_ok());
+  const int vocab = model_->config().vocab_size;
+  for (size_t k = 1; k < rows.size(); ++k) {
+    const SpecResult& r = rows[k];
+    ASSERT_TRUE(r.error.empty()) << r.error;
+    // Recompute the metrics from whole-window logits (one forward call, no chunking).
+    Accumulator acc;
+    for (const auto& w : windows.value()) {
+      // Same chunking as the eval, so the logits are the same bits and the tolerances can be tight.
+      auto base = compute_logits(*model_, baseline_spec(), w.tokens, o.chunk_tokens);
+      auto spec = compute_logits(*model_, r.spec, w.tokens, o.chunk_tokens);
+      ASSERT_TRUE(base.is_ok() && spec.is_ok());
+      for (int p = 0; p + 1 < static_cast<int>(w.tokens.size()); ++p) {
+        const float* b = base.value().data() + static_cast<size_t>(p) * vocab;
+        const float* s = spec.value().data() + static_cast<size_t>(p) * vocab;
+        RowComparison c;
+        c.base_nll = token_nll(b, vocab, w.tokens[p + 1]);
+        c.spec_nll = token_nll(s, vocab, w.tokens[p + 1]);
+        c.kl = kl_divergence(b, s, vocab);
+        c.top1_agree = argmax(b, vocab) == argmax(s, vocab);
+        acc.add(c);
+      }
+    }
+    EXPECT_EQ(r.predictions, acc.count);
+    EXPECT_NEAR(r.nll, acc.spec_mean_nll(), 1e-12) << r.label;
+    EXPECT_NEAR(rep.value().baseline.nll, acc.base_mean_nll(), 1e-12);
+    EXPECT_NEAR(r.kl_mean, acc.mean_kl(), 1e-14) << r.label;
+    EXPECT_EQ(r.top1, acc.top1_rate()) << r.label;
+    // A quantized cache changes the distributions, but only a little.
+    EXPECT_GT(r.kl_mean, 0.0) << r.label;
+    EXPECT_LT(r.kl_mean, 0.1) << r.label;
+    EXPECT_GT(r.top1, 0.8) << r.label;
+    EXPECT_NEAR(r.delta_ppl_pct, 100.0 * (std::exp(r.nll - rep.value().baseline.nll) - 1.0), 1e-9);
+    EXPECT_LT(r.bytes_per_token, rep.value().baseline.bytes_per_token);
+    EXPECT_GT(r.saving_pct, 0.0);
+    EXPECT_GT(r.tokens_per_s, 0.0);
+  }
+  // Fixed-width and Markdown tables carry every row.
+  for (bool md : {false, true}) {
+    std::string t = format_table(rep.value(), md);
+    EXPECT_NE(t.find("bf16 (baseline)"), std::string::npos);
+    EXPECT_NE(t.find("fp8_e4m3"), std::string::npos);
+    EXPECT_NE(t.find("int8"), std::string::npos);
+  }
+  EXPECT_NE(report_json(rep.value(), ReportContext{}).find("\"window_nll\""), std::string::npos);
+}
+
+TEST_F(StoriesEval, AutoFollowsTheGate) {
+  EvalOptions o = ref_options();
+  o.max_windows = 1;
+  o.gate_pct = 0.0;  // the strictest gate: a candidate passes only if it does not raise perplexity
+  SpecRequest a;
+  a.label = "auto";
+  a.is_auto = true;
+  a.spec.sink_tokens = 0;
+  a.auto_chain = auto_fallback_chain(a.spec);
+  std::vector<SpecRequest> reqs = {a, request("fp8", Format::kFp8E4m3), request("int8", Format::kInt8)};
+  auto rep = run_eval(*model_, *ids_, reqs, o);
+  ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
+  const auto& rows = rep.value().results;
+  ASSERT_EQ(rows.size(), 4u);
+  const SpecResult& fp8 = rows[2];
+  const SpecResult& int8 = rows[3];
+  Format want = fp8.delta_ppl_pct <= 0 ? Format::kFp8E4m3 : int8.delta_ppl_pct <= 0 ? Format::kInt8 : Format::kBf16;
+  EXPECT_EQ(rows[1].spec.format, want);
+  EXPECT_TRUE(rows[1].spec.from_auto);
+  EXPECT_TRUE(rows[1].gate_pass);
+  EXPECT_FALSE(rep.value().notes.empty());
+}
+
+TEST_F(StoriesEval, ChunkSizeBarelyChangesLogits) {
+  auto windows = eval_windows(*model_, *ids_, ref_options());
+  ASSERT_TRUE(windows.is_ok());
+  const auto& tok = windows.value()[0].tokens;
+  auto a = compute_logits(*model_, baseline_spec(), tok, 96);
+  auto b = compute_logits(*model_, baseline_spec(), tok, 1 << 20);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  double worst = 0;
+  for (size_t i = 0; i < a.value().size(); ++i) worst = std::max(worst, std::fabs(double(a.value()[i]) - b.value()[i]));
+  RecordProperty("max_abs_logit_diff", std::to_string(worst));
+  std::printf("max |logit(chunk 96) - logit(one call)| = %.3g\n", worst);
+  EXPECT_LT(worst, 1e-3);
+}
+
+TEST_F(StoriesEval, BadOptionsAreErrors) {
+  EvalOptions o = ref_options();
+  o.ctx = 4096;  // beyond the model's 512
+  auto rep = run_eval(*model_, *ids_, {request("fp8", Format::kFp8E4m3)}, o);
+  EXPECT_EQ(rep.status().code(), StatusCode::kInvalidArgument);
+  o = ref_options();
+  EXPECT_EQ(run_eval(*model_, *ids_, {}, o).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvq::eval

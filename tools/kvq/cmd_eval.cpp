@@ -1,0 +1,245 @@
+// kvq eval: accuracy, memory and speed of each KV cache spec against the bf16 cache.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvq/command.h"
+#include "kvq/eval/eval.h"
+#include "kvq/eval/gate.h"
+#include "kvq/eval/logits_dump.h"
+#include "kvq/eval/report.h"
+#include "kvq/eval/specs.h"
+#include "kvq/eval/text.h"
+#include "kvq/model/model.h"
+
+namespace kvq::tools {
+namespace {
+
+struct EvalCli {
+  std::string model, tokenizer, text, python = "python3";
+  std::string dtypes = "bf16,fp8,fp8_fnuz,int8";
+  std::string granularities = "per_token_head";
+  std::string scale_dtype = "fp32";
+  std::string auto_start = "fp8";
+  int sink_tokens = 256;
+  int block_size = 16;
+  int ctx = 0;  // 0 = min(2048, the model's context)
+  int max_windows = 0;
+  int64_t max_tokens = 8192;
+  int chunk = 256;
+  int threads = 0;
+  std::string gate = "3%";
+  std::string bos = "auto";
+  std::string json_out;
+  bool markdown = false;
+  bool quiet = false;
+  bool fail_on_gate = false;
+  std::string dump_logits;
+  int dump_tokens = 512;
+  std::string command_line;
+};
+
+// The command as typed, for the JSON report (Linux: /proc/self/cmdline, NUL-separated).
+std::string command_line() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>()), out;
+  for (char ch : all) out += ch == '\0' ? ' ' : ch;
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+int fail(const std::string& what, const Status& st) {
+  std::fprintf(stderr, "kvq eval: %s: %s\n", what.c_str(), st.message().c_str());
+  return 1;
+}
+
+// A bar that redraws itself on a terminal; a line per window otherwise (logs, CI).
+class Progress {
+ public:
+  explicit Progress(bool quiet) : quiet_(quiet), tty_(isatty(STDERR_FILENO) == 1) {}
+  void operator()(const eval::EvalProgress& p) {
+    if (quiet_) return;
+    if (!p.note.empty()) {
+      clear();
+      std::fprintf(stderr, "%s\n", p.note.c_str());
+      return;
+    }
+    const double frac = p.total > 0 ? static_cast<double>(p.done) / static_cast<double>(p.total) : 0.0;
+    const double eta = frac > 0 && p.elapsed_s > 0 ? (p.elapsed_s - pass_start_) * (1 - frac) / frac : 0;
+    if (p.pass != pass_) {
+      pass_ = p.pass;
+      pass_start_ = p.elapsed_s;
+      last_window_ = -1;
+    }
+    if (tty_) {
+      const int width = 30, fill = static_cast<int>(frac * width);
+      std::fprintf(stderr, "\r[%s%s] pass %d  window %d/%d  %3.0f%%  %.0fs elapsed, ~%.0fs left ",
+                   std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), p.pass,
+                   std::min(p.window + 1, p.num_windows), p.num_windows, 100 * frac, p.elapsed_s, eta);
+      std::fflush(stderr);
+      drawn_ = true;
+    } else if (p.window != last_window_) {
+      last_window_ = p.window;
+      std::fprintf(stderr, "eval: pass %d: %d/%d windows done (%.0f%%), %.1f s\n", p.pass, p.window,
+                   p.num_windows, 100 * frac, p.elapsed_s);
+    }
+  }
+  void clear() {
+    if (drawn_) std::fprintf(stderr, "\r%80s\r", "");
+    drawn_ = false;
+  }
+
+ private:
+  bool quiet_, tty_;
+  bool drawn_ = false;
+  int pass_ = 0, last_window_ = -1;
+  double pass_start_ = 0;
+};
+
+int run_eval_cmd(const EvalCli& o) {
+  auto gate = eval::parse_gate_pct(o.gate);
+  if (!gate.is_ok()) return fail("--gate", gate.status());
+  auto auto_first = parse_kv_cache_dtype(o.auto_start);
+  if (!auto_first.is_ok()) return fail("--auto-start", auto_first.status());
+  eval::SpecListOptions so;
+  so.kv_cache_dtypes = o.dtypes;
+  so.granularities = o.granularities;
+  so.scale_dtype = o.scale_dtype;
+  so.block_size = o.block_size;
+  so.sink_tokens = o.sink_tokens;
+  so.auto_first = auto_first.value();
+  auto specs = eval::parse_spec_list(so);
+  if (!specs.is_ok()) return fail("cache specs", specs.status());
+
+  auto path = model::resolve_model_path(o.model);
+  if (!path.is_ok()) return fail("--model", path.status());
+  auto t0 = std::chrono::steady_clock::now();
+  auto model = model::Model::load(path.value(), o.tokenizer);
+  if (!model.is_ok()) return fail("loading " + path.value(), model.status());
+  const model::Model& m = *model.value();
+
+  auto text = o.text.empty() ? eval::pydoc_topics_text(o.python) : eval::read_text_file(o.text);
+  if (!text.is_ok()) return fail("evaluation text", text.status());
+  const std::vector<int32_t> ids = m.tokenizer().encode(text.value().text, false);
+
+  eval::EvalOptions eo;
+  eo.ctx = o.ctx > 0 ? o.ctx : std::min(2048, m.config().max_seq_len);
+  eo.max_windows = o.max_windows;
+  eo.max_tokens = o.max_tokens;
+  eo.chunk_tokens = o.chunk;
+  eo.gate_pct = gate.value();
+  eo.threads = o.threads;
+  eo.bos = o.bos == "auto" ? -1 : o.bos == "on" ? 1 : 0;
+
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("model  %s (%s; %d layers, %d kv heads x %d, vocab %d), loaded in %.1f s\n",
+              m.config().name.c_str(), path.value().c_str(), m.config().n_layers, m.config().n_kv_heads,
+              m.config().head_dim, m.config().vocab_size, load_s);
+  std::printf("text   %s: %zu bytes, %zu tokens\n", text.value().source.c_str(), text.value().text.size(),
+              ids.size());
+
+  if (!o.dump_logits.empty()) {
+    auto windows = eval::eval_windows(m, ids, eo);
+    if (!windows.is_ok()) return fail("windows", windows.status());
+    eval::LogitsDump d;
+    d.vocab = m.config().vocab_size;
+    d.bos = eo.bos < 0 ? m.config().add_bos : eo.bos > 0;
+    d.text_ids = ids;
+    const auto& w0 = windows.value().front().tokens;
+    d.tokens.assign(w0.begin(), w0.begin() + std::min<size_t>(w0.size(), static_cast<size_t>(std::max(1, o.dump_tokens))));
+    auto logits = eval::compute_logits(m, eval::baseline_spec(), d.tokens, eo.chunk_tokens);
+    if (!logits.is_ok()) return fail("computing logits", logits.status());
+    d.logits = std::move(logits).value();
+    Status st = eval::write_logits_dump(o.dump_logits, d);
+    if (!st.is_ok()) return fail("--dump-logits", st);
+    std::printf("wrote bf16-cache logits of %zu tokens (window 0) to %s\n", d.tokens.size(), o.dump_logits.c_str());
+    return 0;
+  }
+
+  Progress progress(o.quiet);
+  auto rep = eval::run_eval(m, ids, specs.value(), eo, [&](const eval::EvalProgress& p) { progress(p); });
+  progress.clear();
+  if (!rep.is_ok()) return fail("evaluation", rep.status());
+  const eval::EvalReport& r = rep.value();
+  std::printf("run    %d window(s) x %d tokens (BOS %s), %lld scored positions per spec, gate %.2f%%, %.1f s\n\n",
+              r.num_windows, r.ctx, r.bos ? "on" : "off", static_cast<long long>(r.predictions), r.gate_pct,
+              r.total_seconds);
+  std::fputs(eval::format_table(r, o.markdown).c_str(), stdout);
+  for (const auto& n : r.notes) std::printf("%s\n", n.c_str());
+  bool any_error = false, any_fail = false;
+  for (const auto& row : r.results) {
+    if (!row.error.empty()) {
+      any_error = true;
+      std::printf("error: %s: %s\n", row.label.c_str(), row.error.c_str());
+    } else if (!row.gate_pass) {
+      any_fail = true;
+    }
+  }
+  if (!o.json_out.empty()) {
+    eval::ReportContext ctx;
+    ctx.model_path = path.value();
+    ctx.text_source = text.value().source;
+    ctx.text_bytes = text.value().text.size();
+    ctx.text_hash = eval::fnv1a64(text.value().text);
+    ctx.command = o.command_line;
+    std::ofstream f(o.json_out);
+    f << eval::report_json(r, ctx) << "\n";
+    if (!f) return fail("--json", Status(StatusCode::kNotFound, "cannot write '" + o.json_out + "'"));
+  }
+  if (any_error) return 1;
+  return o.fail_on_gate && any_fail ? 3 : 0;
+}
+
+const RegisterCommand kRegister{{[](CLI::App& app) -> std::function<int()> {
+  auto o = std::make_shared<EvalCli>();
+  auto* c = app.add_subcommand("eval", "Perplexity, KL, top-1 agreement, bytes/token and speed of each cache spec vs bf16");
+  c->add_option("--model", o->model, "smollm2, stories260K or a model file (GGUF / llama2.c)")->required();
+  c->add_option("--tokenizer", o->tokenizer, "tokenizer of a llama2.c checkpoint (default: tok512.bin beside it)");
+  c->add_option("--text", o->text, "UTF-8 text file to evaluate on (default: CPython's pydoc topics)");
+  c->add_option("--python", o->python, "python interpreter that provides pydoc_data.topics")->capture_default_str();
+  c->add_option("--kv-cache-dtype", o->dtypes,
+                "comma-separated cache specs: bf16, fp16, fp8, fp8_fnuz, int8, auto; options after colons, "
+                "e.g. fp8:per_tensor or int8:per_block_head:sink0:b32")
+      ->capture_default_str();
+  c->add_option("--kv-scale-granularity", o->granularities,
+                "comma-separated: per_tensor, per_token_head, per_block_head (each quantized dtype is run with each)")
+      ->capture_default_str();
+  c->add_option("--kv-scale-dtype", o->scale_dtype, "fp32")->capture_default_str();
+  c->add_option("--kv-sink-tokens", o->sink_tokens, "first N tokens of each window kept in bf16 (0 disables)")
+      ->capture_default_str();
+  c->add_option("--block-size", o->block_size, "tokens per page: 16 or 32")->capture_default_str();
+  c->add_option("--auto-start", o->auto_start, "first format `auto` tries before falling back to int8, then bf16")
+      ->capture_default_str();
+  c->add_option("--ctx", o->ctx, "tokens per window, BOS included (default: 2048 or the model's context)");
+  c->add_option("--max-windows", o->max_windows, "at most N windows (0: no limit)")->capture_default_str();
+  c->add_option("--max-tokens", o->max_tokens, "window-token budget per spec (0: the whole text)")->capture_default_str();
+  c->add_option("--chunk", o->chunk, "tokens per forward call (logits of one chunk per runner are kept)")
+      ->capture_default_str();
+  c->add_option("--threads", o->threads, "threads comparing logits (0: all cores, at most 8)")->capture_default_str();
+  c->add_option("--gate", o->gate, "a spec whose perplexity rises by more than this fails, e.g. 3% or 0.5%")
+      ->capture_default_str();
+  c->add_option("--bos", o->bos, "start each window with BOS: auto (as the model asks), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  c->add_option("--json", o->json_out, "also write the full report (per-window NLL included) as JSON");
+  c->add_flag("--markdown", o->markdown, "print the table as Markdown");
+  c->add_flag("--quiet", o->quiet, "no progress on stderr");
+  c->add_flag("--fail-on-gate", o->fail_on_gate, "exit with status 3 when a spec fails the gate");
+  // Validation only (scripts/validate_llamacpp.py): bf16-cache logits of window 0, then exit.
+  c->add_option("--dump-logits", o->dump_logits)->group("");
+  c->add_option("--dump-tokens", o->dump_tokens)->group("");
+  return [o]() {
+    o->command_line = command_line();
+    return run_eval_cmd(*o);
+  };
+}}};
+
+}  // namespace
+}  // namespace kvq::tools

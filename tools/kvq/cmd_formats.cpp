@@ -1,0 +1,50 @@
+// `kvq formats`: the storage formats kvq knows; `--dump FORMAT` lists every code and its value.
+#include <cstdio>
+#include <string>
+
+#include "kvq/command.h"
+#include "kvq/format/format.h"
+
+namespace kvq::tools {
+namespace {
+
+struct FormatsOptions {
+  std::string dump;
+};
+
+int run_formats(const FormatsOptions& opt) {
+  if (!opt.dump.empty()) {
+    auto f = parse_format_name(opt.dump);
+    if (!f.is_ok()) {
+      std::fprintf(stderr, "kvq formats: %s\n", f.status().message().c_str());
+      return 2;
+    }
+    auto text = dump_codes(f.value());
+    if (!text.is_ok()) {
+      std::fprintf(stderr, "kvq formats: %s\n", text.status().message().c_str());
+      return 2;
+    }
+    std::fputs(text.value().c_str(), stdout);
+    return 0;
+  }
+  std::printf("%-14s %4s %7s  %s\n", "format", "bits", "qmax", "description");
+  for (Format f : kAllFormats) {
+    if (is_quantized(f))
+      std::printf("%-14s %4d %7g  %s\n", format_name(f), format_bits(f), static_cast<double>(format_qmax(f)),
+                  format_description(f));
+    else
+      std::printf("%-14s %4d %7s  %s\n", format_name(f), format_bits(f), "-", format_description(f));
+  }
+  return 0;
+}
+
+const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()> {
+  auto opt = std::make_shared<FormatsOptions>();
+  CLI::App* sub = app.add_subcommand("formats", "List the KV cache storage formats, or dump one format's codes");
+  sub->add_option("--dump", opt->dump,
+                  "Print every code of FORMAT (fp8_e4m3, fp8_e4m3_fnuz, int8, int4) as '0xNN <value as %a>'");
+  return [opt] { return run_formats(*opt); };
+}}};
+
+}  // namespace
+}  // namespace kvq::tools
