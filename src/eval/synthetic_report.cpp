@@ -1,11 +1,13 @@
 #include "kvq/eval/synthetic_report.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "kvq/attention/bind.h"
 #include "kvq/attention/cpu.h"
@@ -56,114 +58,144 @@ Status write_sequence(cache::PagedKvCache& c, cache::SeqId id, const std::vector
   return Status::ok();
 }
 
+// What every format is measured against: the data, the queries and the float64 oracle over them.
+struct Workload {
+  std::vector<std::vector<float>> k, v;  // [seq][len][Hkv][D]
+  std::vector<float> q;                  // query j of sequence s is decode-batch row j * n_seqs + s
+  std::vector<double> ref, ref_lse;
+};
+
+Result<SyntheticRow> evaluate(const Config& cfg, const Workload& w, const SyntheticReportOptions& o) {
+  const int n_seqs = static_cast<int>(o.seq_lens.size()), hkv = o.kv.num_kv_heads, d = o.kv.head_dim;
+  const int hq = o.num_q_heads, bs = o.block_size;
+  const size_t row = static_cast<size_t>(hkv) * d;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  QuantSpec spec;
+  spec.format = cfg.format;
+  spec.granularity = cfg.granularity;
+  spec.block_size = bs;
+  spec.sink_tokens = o.sink_tokens;
+  cache::CacheConfig cc;
+  cc.num_layers = 1;
+  cc.num_kv_heads = hkv;
+  cc.head_dim = d;
+  cc.spec = spec;
+  for (int len : o.seq_lens) {
+    const int sink = std::min(len, o.sink_tokens);
+    cc.num_pages += (len - sink + bs - 1) / bs;
+    cc.num_sink_pages += (sink + bs - 1) / bs;
+  }
+  cc.num_pages = std::max(cc.num_pages, 1);
+  cc.num_sink_pages = std::max(cc.num_sink_pages, (o.sink_tokens + bs - 1) / bs);
+  auto created = cache::PagedKvCache::create(cc);
+  if (!created.is_ok()) return created.status();
+  cache::PagedKvCache& c = *created.value();
+  std::vector<cache::SeqId> ids;
+  for (int s = 0; s < n_seqs; ++s) {
+    auto id = c.add_sequence();
+    if (!id.is_ok()) return id.status();
+    ids.push_back(id.value());
+    KVQ_RETURN_IF_ERROR(write_sequence(c, id.value(), w.k[s], w.v[s], o.seq_lens[s], row, o));
+  }
+
+  SyntheticRow r;
+  r.format = cfg.format;
+  r.granularity = cfg.granularity;
+  double kn = 0, kd = 0, vn = 0, vd = 0;
+  std::vector<float> kt(row), vt(row);
+  for (int s = 0; s < n_seqs; ++s)
+    for (int t = 0; t < o.seq_lens[s]; ++t) {
+      KVQ_RETURN_IF_ERROR(c.read_token(ids[s], 0, t, kt.data(), vt.data()));
+      for (size_t i = 0; i < row; ++i) {
+        const double ko = w.k[s][t * row + i], vo = w.v[s][t * row + i];
+        kn += (kt[i] - ko) * (kt[i] - ko);
+        kd += ko * ko;
+        vn += (vt[i] - vo) * (vt[i] - vo);
+        vd += vo * vo;
+      }
+    }
+  r.k_rel_err = std::sqrt(kn / kd);
+  r.v_rel_err = std::sqrt(vn / vd);
+
+  std::vector<cache::SeqId> batch;
+  for (int j = 0; j < o.queries_per_seq; ++j) batch.insert(batch.end(), ids.begin(), ids.end());
+  const auto tables = c.batch_tables(batch);
+  std::vector<float> out(w.q.size()), lse(w.ref_lse.size());
+  KVQ_RETURN_IF_ERROR(
+      attention::cpu::decode(attention::bind_decode(c, 0, tables, w.q.data(), out.data(), hq, scale, lse.data())));
+  double an = 0, ad = 0;
+  for (size_t h = 0; h < w.ref_lse.size(); ++h) {
+    double hn = 0, hd = 0;
+    for (int i = 0; i < d; ++i) {
+      const double e = out[h * d + i] - w.ref[h * d + i];
+      hn += e * e;
+      hd += w.ref[h * d + i] * w.ref[h * d + i];
+    }
+    an += hn;
+    ad += hd;
+    r.attn_rel_err_worst = std::max(r.attn_rel_err_worst, std::sqrt(hn / hd));
+    r.lse_max_abs_err = std::max(r.lse_max_abs_err, std::fabs(lse[h] - w.ref_lse[h]));
+  }
+  r.attn_rel_err = std::sqrt(an / ad);
+  r.saturated = c.stats().saturated;
+  r.requantized_page_heads = c.stats().requantized_page_heads;
+  r.bytes_per_token_d64 = cache::bytes_per_token(spec, 1, hkv, 64);
+  r.bytes_per_token_d128 = cache::bytes_per_token(spec, 1, hkv, 128);
+  return r;
+}
+
 }  // namespace
 
 Result<SyntheticReport> run_synthetic_report(const SyntheticReportOptions& o) {
   KVQ_RETURN_IF_ERROR(check_options(o));
   const auto t0 = std::chrono::steady_clock::now();
   const int n_seqs = static_cast<int>(o.seq_lens.size()), hkv = o.kv.num_kv_heads, d = o.kv.head_dim;
-  const int hq = o.num_q_heads, nq = o.queries_per_seq, bs = o.block_size;
+  const int hq = o.num_q_heads, nq = o.queries_per_seq;
   const size_t row = static_cast<size_t>(hkv) * d, qrow = static_cast<size_t>(hq) * d;
   const float scale = 1.f / std::sqrt(static_cast<float>(d));
 
   auto profile = attention::make_kv_profile(o.kv, o.seed);
   if (!profile.is_ok()) return profile.status();
   std::mt19937_64 rng(o.seed + 1);
-  std::vector<std::vector<float>> k(n_seqs), v(n_seqs);
-  // Queries in decode-batch order: query j of sequence s is batch row j * n_seqs + s.
-  std::vector<float> q(static_cast<size_t>(nq) * n_seqs * qrow);
+  Workload w;
+  w.k.resize(n_seqs);
+  w.v.resize(n_seqs);
+  w.q.resize(static_cast<size_t>(nq) * n_seqs * qrow);
   for (int s = 0; s < n_seqs; ++s) {
-    k[s].resize(o.seq_lens[s] * row);
-    v[s].resize(o.seq_lens[s] * row);
-    attention::sample_kv(profile.value(), o.seq_lens[s], rng, k[s].data(), v[s].data());
+    w.k[s].resize(o.seq_lens[s] * row);
+    w.v[s].resize(o.seq_lens[s] * row);
+    attention::sample_kv(profile.value(), o.seq_lens[s], rng, w.k[s].data(), w.v[s].data());
   }
-  attention::sample_queries(profile.value(), hq, nq * n_seqs, scale, o.logit_std, rng, q.data());
-
-  // The float64 oracle over the original values is the same for every format: computed once.
-  std::vector<double> ref(q.size()), ref_lse(static_cast<size_t>(nq) * n_seqs * hq);
+  attention::sample_queries(profile.value(), hq, nq * n_seqs, scale, o.logit_std, rng, w.q.data());
+  w.ref.resize(w.q.size());
+  w.ref_lse.resize(static_cast<size_t>(nq) * n_seqs * hq);
   for (int j = 0; j < nq; ++j)
     for (int s = 0; s < n_seqs; ++s) {
       const size_t b = static_cast<size_t>(j) * n_seqs + s;
       const attention::DenseShape shape{o.seq_lens[s], hkv, hq, d};
-      KVQ_RETURN_IF_ERROR(attention::reference_attention(shape, k[s].data(), v[s].data(), &q[b * qrow], 1,
-                                                         o.seq_lens[s] - 1, scale, &ref[b * qrow], &ref_lse[b * hq]));
+      KVQ_RETURN_IF_ERROR(attention::reference_attention(shape, w.k[s].data(), w.v[s].data(), &w.q[b * qrow], 1,
+                                                         o.seq_lens[s] - 1, scale, &w.ref[b * qrow],
+                                                         &w.ref_lse[b * hq]));
     }
+
+  // Formats are independent: spread them over the cores (each worker owns its cache).
+  const std::vector<Config> cfgs = configs();
+  std::vector<Result<SyntheticRow>> results(cfgs.size(), Result<SyntheticRow>(internal_error("not run")));
+  std::atomic<size_t> next{0};
+  auto worker = [&] {
+    for (size_t i = next++; i < cfgs.size(); i = next++) results[i] = evaluate(cfgs[i], w, o);
+  };
+  const unsigned n_threads = std::clamp(std::thread::hardware_concurrency(), 1u, 4u);
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < n_threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
 
   SyntheticReport report;
   report.options = o;
-  for (const Config& cfg : configs()) {
-    QuantSpec spec;
-    spec.format = cfg.format;
-    spec.granularity = cfg.granularity;
-    spec.block_size = bs;
-    spec.sink_tokens = o.sink_tokens;
-    cache::CacheConfig cc;
-    cc.num_layers = 1;
-    cc.num_kv_heads = hkv;
-    cc.head_dim = d;
-    cc.spec = spec;
-    for (int len : o.seq_lens) {
-      const int sink = std::min(len, o.sink_tokens);
-      cc.num_pages += (len - sink + bs - 1) / bs;
-      cc.num_sink_pages += (sink + bs - 1) / bs;
-    }
-    cc.num_pages = std::max(cc.num_pages, 1);
-    cc.num_sink_pages = std::max(cc.num_sink_pages, (o.sink_tokens + bs - 1) / bs);
-    auto created = cache::PagedKvCache::create(cc);
-    if (!created.is_ok()) return created.status();
-    cache::PagedKvCache& c = *created.value();
-    std::vector<cache::SeqId> ids;
-    for (int s = 0; s < n_seqs; ++s) {
-      auto id = c.add_sequence();
-      if (!id.is_ok()) return id.status();
-      ids.push_back(id.value());
-      KVQ_RETURN_IF_ERROR(write_sequence(c, id.value(), k[s], v[s], o.seq_lens[s], row, o));
-    }
-
-    SyntheticRow r;
-    r.format = cfg.format;
-    r.granularity = cfg.granularity;
-    double kn = 0, kd = 0, vn = 0, vd = 0;
-    std::vector<float> kt(row), vt(row);
-    for (int s = 0; s < n_seqs; ++s)
-      for (int t = 0; t < o.seq_lens[s]; ++t) {
-        KVQ_RETURN_IF_ERROR(c.read_token(ids[s], 0, t, kt.data(), vt.data()));
-        for (size_t i = 0; i < row; ++i) {
-          const double ko = k[s][t * row + i], vo = v[s][t * row + i];
-          kn += (kt[i] - ko) * (kt[i] - ko);
-          kd += ko * ko;
-          vn += (vt[i] - vo) * (vt[i] - vo);
-          vd += vo * vo;
-        }
-      }
-    r.k_rel_err = std::sqrt(kn / kd);
-    r.v_rel_err = std::sqrt(vn / vd);
-
-    std::vector<cache::SeqId> batch;
-    for (int j = 0; j < nq; ++j) batch.insert(batch.end(), ids.begin(), ids.end());
-    const auto tables = c.batch_tables(batch);
-    std::vector<float> out(q.size()), lse(ref_lse.size());
-    KVQ_RETURN_IF_ERROR(
-        attention::cpu::decode(attention::bind_decode(c, 0, tables, q.data(), out.data(), hq, scale, lse.data())));
-    double an = 0, ad = 0;
-    for (size_t h = 0; h < ref_lse.size(); ++h) {
-      double hn = 0, hd = 0;
-      for (int i = 0; i < d; ++i) {
-        const double e = out[h * d + i] - ref[h * d + i];
-        hn += e * e;
-        hd += ref[h * d + i] * ref[h * d + i];
-      }
-      an += hn;
-      ad += hd;
-      r.attn_rel_err_worst = std::max(r.attn_rel_err_worst, std::sqrt(hn / hd));
-      r.lse_max_abs_err = std::max(r.lse_max_abs_err, std::fabs(lse[h] - ref_lse[h]));
-    }
-    r.attn_rel_err = std::sqrt(an / ad);
-    r.saturated = c.stats().saturated;
-    r.requantized_page_heads = c.stats().requantized_page_heads;
-    r.bytes_per_token_d64 = cache::bytes_per_token(spec, 1, hkv, 64);
-    r.bytes_per_token_d128 = cache::bytes_per_token(spec, 1, hkv, 128);
-    report.rows.push_back(r);
+  for (auto& r : results) {
+    if (!r.is_ok()) return r.status();
+    report.rows.push_back(r.value());
   }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return report;

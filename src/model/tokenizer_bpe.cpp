@@ -8,6 +8,7 @@
 // tokenized digit by digit.
 #include <algorithm>
 #include <climits>
+#include <queue>
 #include <unordered_map>
 
 #include "kvq/model/gguf.h"
@@ -166,6 +167,55 @@ class BpeTokenizer final : public Tokenizer {
     }
   }
 
+  // Applies merges by rank (lowest first, leftmost on ties) with a heap of candidate pairs over a
+  // linked list; a popped candidate counts only if both symbols are unchanged since it was pushed.
+  void merge(std::vector<std::string>& sym) const {
+    const int n = static_cast<int>(sym.size());
+    if (n < 2) return;
+    std::vector<int> prev(n), next(n);
+    std::vector<uint32_t> version(n, 0);
+    for (int i = 0; i < n; ++i) {
+      prev[i] = i - 1;
+      next[i] = i + 1 < n ? i + 1 : -1;
+    }
+    struct Cand {
+      int rank, left, right;
+      uint32_t lv, rv;
+    };
+    auto worse = [](const Cand& a, const Cand& b) { return a.rank > b.rank || (a.rank == b.rank && a.left > b.left); };
+    std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> heap(worse);
+    std::string key;
+    auto offer = [&](int left) {
+      if (left < 0 || next[left] < 0) return;
+      int right = next[left];
+      key = sym[left];
+      key += ' ';
+      key += sym[right];
+      auto it = merge_rank.find(key);
+      if (it != merge_rank.end()) heap.push({it->second, left, right, version[left], version[right]});
+    };
+    for (int i = 0; i + 1 < n; ++i) offer(i);
+    std::vector<char> alive(n, 1);
+    while (!heap.empty()) {
+      Cand c = heap.top();
+      heap.pop();
+      if (!alive[c.left] || !alive[c.right] || next[c.left] != c.right || version[c.left] != c.lv ||
+          version[c.right] != c.rv)
+        continue;
+      sym[c.left] += sym[c.right];
+      ++version[c.left];
+      alive[c.right] = 0;
+      next[c.left] = next[c.right];
+      if (next[c.right] >= 0) prev[next[c.right]] = c.left;
+      offer(prev[c.left]);
+      offer(c.left);
+    }
+    std::vector<std::string> out;
+    for (int i = 0; i < n; ++i)
+      if (alive[i]) out.push_back(std::move(sym[i]));
+    sym.swap(out);
+  }
+
   void bpe_word(std::string_view word, std::vector<int32_t>* ids) const {
     std::vector<std::string> sym;
     sym.reserve(word.size());
@@ -174,24 +224,7 @@ class BpeTokenizer final : public Tokenizer {
       unicode::append_utf8(unicode::byte_to_cp(static_cast<uint8_t>(c)), &s);
       sym.push_back(std::move(s));
     }
-    std::string key;
-    while (sym.size() > 1) {
-      int best = INT_MAX;
-      size_t at = 0;
-      for (size_t i = 0; i + 1 < sym.size(); ++i) {
-        key = sym[i];
-        key += ' ';
-        key += sym[i + 1];
-        auto it = merge_rank.find(key);
-        if (it != merge_rank.end() && it->second < best) {
-          best = it->second;
-          at = i;
-        }
-      }
-      if (best == INT_MAX) break;
-      sym[at] += sym[at + 1];
-      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(at) + 1);
-    }
+    merge(sym);
     for (const auto& s : sym) {
       if (auto it = vocab.find(s); it != vocab.end()) {
         ids->push_back(it->second);

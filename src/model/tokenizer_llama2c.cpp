@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <queue>
 #include <unordered_map>
 
 #include "kvq/model/tokenizer.h"
@@ -52,25 +53,7 @@ class Llama2cTokenizer final : public Tokenizer {
         sym.push_back(id >= 0 ? id : kUnk);
       }
     }
-    std::string joined;
-    while (sym.size() > 1) {
-      float best = 0;
-      int32_t best_id = -1;
-      size_t best_at = 0;
-      for (size_t i = 0; i + 1 < sym.size(); ++i) {
-        joined = pieces_[sym[i]];
-        joined += pieces_[sym[i + 1]];
-        auto it = lookup_.find(joined);
-        if (it != lookup_.end() && (best_id < 0 || scores_[it->second] > best)) {
-          best = scores_[it->second];
-          best_id = it->second;
-          best_at = i;
-        }
-      }
-      if (best_id < 0) break;
-      sym[best_at] = best_id;
-      sym.erase(sym.begin() + static_cast<std::ptrdiff_t>(best_at) + 1);
-    }
+    merge(sym);
     ids.insert(ids.end(), sym.begin(), sym.end());
     return ids;
   }
@@ -90,6 +73,52 @@ class Llama2cTokenizer final : public Tokenizer {
       out += p;
     }
     return out;
+  }
+
+  // Repeatedly merges the adjacent pair whose concatenation is the best-scoring piece, leftmost
+  // first on ties (llama2.c's rule), in O(n log n): a heap of candidate pairs over a linked list,
+  // where a popped candidate is used only if both of its symbols are still as they were.
+  void merge(std::vector<int32_t>& sym) const {
+    const int n = static_cast<int>(sym.size());
+    std::vector<int> prev(n), next(n);
+    for (int i = 0; i < n; ++i) {
+      prev[i] = i - 1;
+      next[i] = i + 1 < n ? i + 1 : -1;
+    }
+    struct Cand {
+      float score;
+      int left;
+      int32_t left_id, right_id, merged;
+    };
+    auto worse = [](const Cand& a, const Cand& b) { return a.score < b.score || (a.score == b.score && a.left > b.left); };
+    std::priority_queue<Cand, std::vector<Cand>, decltype(worse)> heap(worse);
+    std::string joined;
+    auto offer = [&](int left) {
+      if (left < 0 || next[left] < 0) return;
+      int right = next[left];
+      joined = pieces_[sym[left]];
+      joined += pieces_[sym[right]];
+      auto it = lookup_.find(joined);
+      if (it != lookup_.end()) heap.push({scores_[it->second], left, sym[left], sym[right], it->second});
+    };
+    for (int i = 0; i + 1 < n; ++i) offer(i);
+    std::vector<char> alive(n, 1);
+    while (!heap.empty()) {
+      Cand c = heap.top();
+      heap.pop();
+      int right = next[c.left];
+      if (!alive[c.left] || right < 0 || sym[c.left] != c.left_id || sym[right] != c.right_id) continue;
+      sym[c.left] = c.merged;
+      alive[right] = 0;
+      next[c.left] = next[right];
+      if (next[right] >= 0) prev[next[right]] = c.left;
+      offer(prev[c.left]);
+      offer(c.left);
+    }
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i)
+      if (alive[i]) out.push_back(sym[i]);
+    sym.swap(out);
   }
 
   std::string piece(int32_t id) const override {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <ostream>
 #include <random>
 #include <set>
 #include <vector>
@@ -56,6 +57,11 @@ struct RandomCase {
   int block_size, dim;
   unsigned seed;
 };
+
+void PrintTo(const RandomCase& c, std::ostream* os) {
+  *os << "format " << static_cast<int>(c.f) << " " << granularity_name(c.g) << " b" << c.block_size << " d" << c.dim
+      << " seed " << c.seed;
+}
 
 class RandomOps : public ::testing::TestWithParam<RandomCase> {};
 
@@ -158,7 +164,9 @@ TEST_P(RandomOps, ShadowModelAndNoLeaks) {
       ASSERT_TRUE(c.free_sequence(s).is_ok());
       shadow.free(s);
     }
-    if (step % 50 == 0) ASSERT_TRUE(refcounts_consistent(c, shadow.ids())) << "step " << step;
+    if (step % 50 == 0) {
+      ASSERT_TRUE(refcounts_consistent(c, shadow.ids())) << "step " << step;
+    }
     if (step % 1000 == 999) {
       for (SeqId id : shadow.ids()) ASSERT_TRUE(shadow.check(c, id)) << "step " << step;
     }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -160,6 +161,10 @@ struct FormatCase {
   ScaleGranularity g;
   int bs, dim;
 };
+
+void PrintTo(const FormatCase& c, std::ostream* os) {
+  *os << "format " << static_cast<int>(c.f) << " " << granularity_name(c.g) << " b" << c.bs << " d" << c.dim;
+}
 
 class RoundTrip : public ::testing::TestWithParam<FormatCase> {};
 

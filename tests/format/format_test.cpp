@@ -124,7 +124,9 @@ TEST(Hardware, DetectCpuIsSane) {
   EXPECT_GE(cpu.logical_cores, 1);
 #if defined(__x86_64__)
   EXPECT_FALSE(cpu.model.empty());
-  if (cpu.avx512f) EXPECT_TRUE(cpu.avx2) << "every AVX-512 CPU has AVX2";
+  if (cpu.avx512f) {
+    EXPECT_TRUE(cpu.avx2) << "every AVX-512 CPU has AVX2";
+  }
 #endif
 }
 

@@ -26,8 +26,9 @@ struct Oracle {
 template <class T>
 bool read_raw(const std::string& path, std::vector<T>& out, std::string& error) {
   std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (!in.eof() || bytes.empty() || bytes.size() % sizeof(T) != 0) {
+  std::vector<char> bytes;
+  if (in) bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (!in || bytes.empty() || bytes.size() % sizeof(T) != 0) {
     error = "oracle file " + path + " is missing or malformed";
     return false;
   }

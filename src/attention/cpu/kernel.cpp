@@ -5,6 +5,8 @@
 #include <limits>
 #include <string>
 
+#include <cblas.h>
+
 #include "kvq/format/format.h"
 
 namespace kvq::attention::cpu::detail {
@@ -140,6 +142,7 @@ void TileLoader::load_sink(int seq, int head, int n, PartTile& tile) const {
   tile.v.resize(static_cast<size_t>(n) * d);
   tile.k_scale.assign(n, 1.f);
   tile.v_scale.assign(n, 1.f);
+  if (n == 0) return;  // the table may be null then
   const int32_t* row = p_.tables.sink_tables + static_cast<size_t>(seq) * p_.tables.max_sink_blocks;
   for (int t = 0; t < n; ++t) {
     const size_t e = g.elem_index(row[t / bs], head, t % bs);
@@ -158,6 +161,7 @@ void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const 
   tile.v.resize(static_cast<size_t>(n) * d);
   tile.k_scale.assign(n, 1.f);
   tile.v_scale.assign(n, 1.f);
+  if (n == 0) return;  // the table may be null then
   const int32_t* row = p_.tables.block_tables + static_cast<size_t>(seq) * p_.tables.max_blocks;
   for (int u = 0; u < n; ++u) {
     const int page = row[u / bs], slot = u % bs;
@@ -200,16 +204,68 @@ void attend_part(const float* q, float softmax_scale, const PartTile& tile, int 
   out.l = l;
 }
 
-void merge_parts(const Partial& a, const Partial& b, int head_dim, float* out, float* lse) {
-  // seq_len >= 1 makes at least one part non-empty. Emptiness is decided by the token count, not
-  // by l > 0, so a NaN read from a bad page propagates to the output instead of being dropped.
-  const float m = a.n == 0 ? b.m : b.n == 0 ? a.m : std::max(a.m, b.m);
-  const float wa = a.n > 0 ? std::exp(a.m - m) : 0.f;
-  const float wb = b.n > 0 ? std::exp(b.m - m) : 0.f;
-  const float l = a.l * wa + b.l * wb;
+namespace {
+
+// Merge of two softmax partials (count, max, sum, accumulator). seq_len >= 1 makes at least one
+// part non-empty. Emptiness is decided by the token count, not by l > 0, so a NaN read from a bad
+// page propagates to the output instead of being dropped.
+void merge(int na, float ma, float la, const float* acc_a, int nb, float mb, float lb, const float* acc_b,
+           int head_dim, float* out, float* lse) {
+  const float m = na == 0 ? mb : nb == 0 ? ma : std::max(ma, mb);
+  const float wa = na > 0 ? std::exp(ma - m) : 0.f;
+  const float wb = nb > 0 ? std::exp(mb - m) : 0.f;
+  const float l = la * wa + lb * wb;
   const float inv = 1.f / l;
-  for (int i = 0; i < head_dim; ++i) out[i] = (a.acc[i] * wa + b.acc[i] * wb) * inv;
+  for (int i = 0; i < head_dim; ++i) out[i] = (acc_a[i] * wa + acc_b[i] * wb) * inv;
   if (lse != nullptr) *lse = m + std::log(l);
+}
+
+}  // namespace
+
+void merge_parts(const Partial& a, const Partial& b, int head_dim, float* out, float* lse) {
+  merge(a.n, a.m, a.l, a.acc.data(), b.n, b.m, b.l, b.acc.data(), head_dim, out, lse);
+}
+
+void attend_part_block(const float* q, size_t q_stride, int rows, const int* visible, float softmax_scale,
+                       const PartTile& tile, int head_dim, BlockPartial& out) {
+  const int d = head_dim;
+  out.n.assign(visible, visible + rows);
+  out.m.assign(rows, -std::numeric_limits<float>::infinity());
+  out.l.assign(rows, 0.f);
+  out.acc.assign(static_cast<size_t>(rows) * d, 0.f);
+  const int cols = std::min(tile.n, *std::max_element(visible, visible + rows));
+  if (cols <= 0) return;
+  out.p.resize(static_cast<size_t>(rows) * cols);
+  float* p = out.p.data();
+  // Raw logits: codes only; the per-token k scale and the softmax scale are applied per element.
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, d, 1.f, q, static_cast<int>(q_stride),
+              tile.k.data(), d, 0.f, p, cols);
+  for (int r = 0; r < rows; ++r) {
+    float* pr = p + static_cast<size_t>(r) * cols;
+    const int n = std::min(visible[r], cols);
+    out.n[r] = std::max(n, 0);
+    float m = -std::numeric_limits<float>::infinity();
+    for (int t = 0; t < n; ++t) {
+      pr[t] *= softmax_scale * tile.k_scale[t];
+      m = std::max(m, pr[t]);
+    }
+    float l = 0.f;
+    for (int t = 0; t < n; ++t) {
+      const float e = std::exp(pr[t] - m);
+      l += e;
+      pr[t] = e * tile.v_scale[t];  // the v scale rides on the probability
+    }
+    for (int t = std::max(n, 0); t < cols; ++t) pr[t] = 0.f;  // causal mask
+    out.m[r] = m;
+    out.l[r] = l;
+  }
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, cols, 1.f, p, cols, tile.v.data(), d, 0.f,
+              out.acc.data(), d);
+}
+
+void merge_block_row(const BlockPartial& a, const BlockPartial& b, int r, int head_dim, float* out, float* lse) {
+  const size_t o = static_cast<size_t>(r) * head_dim;
+  merge(a.n[r], a.m[r], a.l[r], a.acc.data() + o, b.n[r], b.m[r], b.l[r], b.acc.data() + o, head_dim, out, lse);
 }
 
 }  // namespace kvq::attention::cpu::detail

@@ -64,4 +64,18 @@ void attend_part(const float* q, float softmax_scale, const PartTile& tile, int 
 // Exact merge of two parts; writes out[head_dim] and, when lse is not null, *lse.
 void merge_parts(const Partial& a, const Partial& b, int head_dim, float* out, float* lse);
 
+// The same softmax partials for a block of query rows at once (prefill), with the two products
+// (Q K^T and P V) done by BLAS sgemm. Row r is q + r * q_stride and sees the first visible[r]
+// tokens of the tile (causal masking).
+struct BlockPartial {
+  std::vector<int> n;           // [rows] visible tokens
+  std::vector<float> m, l;      // [rows]
+  std::vector<float> acc;       // [rows][head_dim]
+  std::vector<float> p;         // scratch: [rows][tile.n] logits, then scaled probabilities
+};
+void attend_part_block(const float* q, size_t q_stride, int rows, const int* visible, float softmax_scale,
+                       const PartTile& tile, int head_dim, BlockPartial& out);
+// Merges row r of two block partials into out (+ lse, may be null).
+void merge_block_row(const BlockPartial& a, const BlockPartial& b, int r, int head_dim, float* out, float* lse);
+
 }  // namespace kvq::attention::cpu::detail

@@ -39,26 +39,37 @@ Status prefill(const PrefillArgs& args) {
   const int d = p.geom.head_dim, hkv = p.geom.num_kv_heads, group = p.num_q_heads / hkv;
   const int sink = p.tables.sink_lens[0];
   const int last = args.q_pos0 + args.n_q;  // tokens any query of the chunk can see
-  const int sink_loaded = std::min(sink, last);
-  const int quant_loaded = std::max(0, last - sink);
+  // Queries go through the two parts in blocks (two sgemms per part), which bounds the logits
+  // scratch to kBlock rows of the sequence.
+  constexpr int kBlock = 128;
   const detail::TileLoader loader(p);
   detail::PartTile sink_tile, quant_tile;
-  std::vector<float> logits;
-  detail::Partial sink_part, quant_part;
+  detail::BlockPartial sink_part, quant_part;
+  std::vector<int> sink_visible, quant_visible;
+  const size_t q_stride = static_cast<size_t>(p.num_q_heads) * d;
   for (int g = 0; g < hkv; ++g) {
-    loader.load_sink(0, g, sink_loaded, sink_tile);
-    loader.load_quantized(0, g, quant_loaded, quant_tile);
-    for (int i = 0; i < args.n_q; ++i) {
-      const int visible = args.q_pos0 + i + 1;  // causal: tokens [0, pos]
-      const int sink_visible = std::min(sink, visible);
-      const int quant_visible = visible - sink_visible;
+    loader.load_sink(0, g, std::min(sink, last), sink_tile);
+    loader.load_quantized(0, g, std::max(0, last - sink), quant_tile);
+    for (int i0 = 0; i0 < args.n_q; i0 += kBlock) {
+      const int rows = std::min(kBlock, args.n_q - i0);
+      sink_visible.resize(rows);
+      quant_visible.resize(rows);
+      for (int r = 0; r < rows; ++r) {
+        const int visible = args.q_pos0 + i0 + r + 1;  // causal: tokens [0, pos]
+        sink_visible[r] = std::min(sink, visible);
+        quant_visible[r] = visible - sink_visible[r];
+      }
       for (int j = 0; j < group; ++j) {
-        const size_t row = static_cast<size_t>(i) * p.num_q_heads + g * group + j;
-        const float* q = args.q + row * d;
-        detail::attend_part(q, p.softmax_scale, sink_tile, sink_visible, d, logits, sink_part);
-        detail::attend_part(q, p.softmax_scale, quant_tile, quant_visible, d, logits, quant_part);
-        detail::merge_parts(sink_part, quant_part, d, args.out + row * d,
-                            args.lse != nullptr ? args.lse + row : nullptr);
+        const int h = g * group + j;
+        const float* q = args.q + static_cast<size_t>(i0) * q_stride + static_cast<size_t>(h) * d;
+        detail::attend_part_block(q, q_stride, rows, sink_visible.data(), p.softmax_scale, sink_tile, d, sink_part);
+        detail::attend_part_block(q, q_stride, rows, quant_visible.data(), p.softmax_scale, quant_tile, d,
+                                  quant_part);
+        for (int r = 0; r < rows; ++r) {
+          const size_t row = static_cast<size_t>(i0 + r) * p.num_q_heads + h;
+          detail::merge_block_row(sink_part, quant_part, r, d, args.out + row * d,
+                                  args.lse != nullptr ? args.lse + row : nullptr);
+        }
       }
     }
   }

@@ -12,7 +12,7 @@ Status last_cuda_status(const char* what) { return detail::cuda_status(cudaGetLa
 
 Result<DeviceBuffer> DeviceBuffer::create(size_t bytes) {
   DeviceBuffer b;
-  if (bytes == 0) return b;
+  if (bytes == 0) return Result<DeviceBuffer>(std::move(b));
   const cudaError_t e = cudaMalloc(&b.ptr_, bytes);
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -20,7 +20,7 @@ Result<DeviceBuffer> DeviceBuffer::create(size_t bytes) {
     return out_of_memory("cudaMalloc of " + std::to_string(bytes) + " bytes failed: " + cudaGetErrorString(e));
   }
   b.bytes_ = bytes;
-  return b;
+  return Result<DeviceBuffer>(std::move(b));
 }
 
 DeviceBuffer::~DeviceBuffer() {
@@ -76,7 +76,7 @@ Result<DeviceLayer> DeviceLayer::create(const cache::CacheGeometry& g) {
     l.planes_[i] = std::move(b).value();
     KVQ_RETURN_IF_ERROR(l.planes_[i].fill_byte(0));
   }
-  return l;
+  return Result<DeviceLayer>(std::move(l));
 }
 
 cache::LayerView DeviceLayer::view() const {
@@ -125,7 +125,7 @@ Result<DeviceTables> DeviceTables::upload(const std::vector<int32_t>& seq_lens, 
   t.view_.max_blocks = max_blocks;
   t.view_.sink_tables = t.sink_blocks_.as<int32_t>();
   t.view_.max_sink_blocks = max_sink_blocks;
-  return t;
+  return Result<DeviceTables>(std::move(t));
 }
 
 // ---- random fill ---------------------------------------------------------------------------------------

@@ -333,3 +333,51 @@ Status run(const WriteArgs& a, void* workspace, CUstream_st* stream) {
 }
 
 }  // namespace kvq::attention::cuda
+
+// ---- encoder self-check ----------------------------------------------------------------------------------
+
+namespace kvq::attention::cuda {
+namespace detail {
+namespace {
+
+template <Format F>
+__global__ void encoder_sweep_kernel(unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x * 4;
+  for (uint64_t base = (blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x) * 4; base < (1ull << 32);
+       base += stride) {
+    float x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      x[i] = __uint_as_float(static_cast<uint32_t>(base + i));
+      if (x[i] != x[i]) x[i] = 0.f;
+    }
+    const uint32_t got = encode4<F>(x[0], x[1], x[2], x[3]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) bad += ((got >> (8 * i)) & 0xffu) != encode_byte(F, x[i]);
+  }
+  if (bad) atomicAdd(mismatches, bad);
+}
+
+}  // namespace
+}  // namespace detail
+
+Result<uint64_t> count_encoder_mismatches(Format f) {
+  unsigned long long* d = nullptr;
+  KVQ_RETURN_IF_ERROR(detail::cuda_status(cudaMalloc(&d, sizeof(*d)), "encoder check: cudaMalloc"));
+  cudaMemset(d, 0, sizeof(*d));
+  switch (f) {
+    case Format::kFp8E4m3: detail::encoder_sweep_kernel<Format::kFp8E4m3><<<2048, 256>>>(d); break;
+    case Format::kFp8E4m3Fnuz: detail::encoder_sweep_kernel<Format::kFp8E4m3Fnuz><<<2048, 256>>>(d); break;
+    case Format::kInt8: detail::encoder_sweep_kernel<Format::kInt8><<<2048, 256>>>(d); break;
+    default: cudaFree(d); return invalid_argument("encoder check: only fp8_e4m3, fp8_e4m3_fnuz and int8 have device encoders");
+  }
+  unsigned long long h = 0;
+  Status s = detail::launch_status("encoder check kernel");
+  if (s.is_ok()) s = detail::cuda_status(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost), "encoder check: copy");
+  cudaFree(d);
+  if (!s.is_ok()) return s;
+  return static_cast<uint64_t>(h);
+}
+
+}  // namespace kvq::attention::cuda

@@ -55,4 +55,9 @@ size_t workspace_size(const WriteArgs& args);  // small scratch for per_tensor, 
 // Enqueues the write on `stream` (capturable). `workspace`: workspace_size() bytes of device memory.
 Status run(const WriteArgs& args, void* workspace, CUstream_st* stream);
 
+// Self-check of the write kernels' fast encoders (hardware fp8 conversion, FNUZ through 2x, int8
+// rounding): encodes every float bit pattern (NaN excluded: the writer zeroes it first) on the
+// device and counts the codes that differ from the scalar writer in format/. Synchronous.
+Result<uint64_t> count_encoder_mismatches(Format f);
+
 }  // namespace kvq::attention::cuda

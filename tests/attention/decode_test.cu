@@ -1,0 +1,253 @@
+// CUDA decode vs the CPU reference backend on the same paged cache (skipped without a GPU).
+//
+// Each case builds a heavy-tailed cache with scrambled block tables and holes (synthetic.h),
+// poisons everything no sequence owns (NaN codes/scales, so a read past a sequence's end or
+// through a wrong page shows), uploads the planes byte for byte and runs the kernel with one
+// split, the planned split and a forced odd split (the LSE merge, with empty splits for the short
+// sequences). The GPU multiplies on tensor cores with the query and probabilities split into
+// high and low halves (~22 bits) and accumulates in fp32, so it must agree with the CPU's fp32
+// result to ~1e-5; a wrong token, page or scale costs >= 1e-3.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kvq/attention/bind.h"
+#include "kvq/attention/cpu.h"
+#include "kvq/attention/cuda/decode.h"
+#include "kvq/attention/cuda/device_cache.h"
+#include "kvq/common/cuda_device.h"
+#include "testing/attention_testing.h"
+#include "testing/cases.h"
+
+namespace kvq::attention {
+namespace {
+
+using testing::AttnCase;
+namespace kc = kvq::attention::cuda;
+
+constexpr double kGpuVsCpuRelL2 = 1e-4;
+constexpr double kLseAbs = 2e-4;
+
+#define ASSERT_OK(expr)                                   \
+  do {                                                    \
+    const ::kvq::Status s_ = (expr);                      \
+    ASSERT_TRUE(s_.is_ok()) << #expr << ": " << s_.to_string(); \
+  } while (0)
+
+Result<kc::DeviceLayer> upload_layer(const cache::PagedKvCache& c, int layer) {
+  auto dl = kc::DeviceLayer::create(c.geometry());
+  if (!dl.is_ok()) return dl.status();
+  const cache::PagedKvCache::Planes& p = c.planes(layer);
+  kc::DeviceLayer& d = dl.value();
+  KVQ_RETURN_IF_ERROR(d.upload(kc::Plane::kKCodes, p.k_codes.data(), p.k_codes.size()));
+  KVQ_RETURN_IF_ERROR(d.upload(kc::Plane::kVCodes, p.v_codes.data(), p.v_codes.size()));
+  KVQ_RETURN_IF_ERROR(d.upload(kc::Plane::kKScales, p.k_scales.data(), p.k_scales.size() * 4));
+  KVQ_RETURN_IF_ERROR(d.upload(kc::Plane::kVScales, p.v_scales.data(), p.v_scales.size() * 4));
+  KVQ_RETURN_IF_ERROR(d.upload(kc::Plane::kKSink, p.k_sink.data(), p.k_sink.size() * 2));
+  KVQ_RETURN_IF_ERROR(d.upload(kc::Plane::kVSink, p.v_sink.data(), p.v_sink.size() * 2));
+  return dl;
+}
+
+bool have_gpu(std::string* why) {
+  auto dev = cuda_device_info();
+  if (!dev.is_ok()) *why = dev.status().to_string();
+  return dev.is_ok();
+}
+
+// Runs the case on the CPU and on the GPU with several split counts and compares.
+void check_case(const AttnCase& c) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  const CudaDeviceInfo dev = cuda_device_info().value();
+  auto built = build_synthetic_cache(c.cache_options());
+  ASSERT_TRUE(built.is_ok()) << built.status().to_string();
+  SyntheticCache sc = std::move(built).value();
+  cache::PagedKvCache& kv = *sc.cache;
+  ASSERT_OK(testing::poison_unowned(kv, sc.seqs));
+  const auto tables = kv.batch_tables(sc.seqs);
+  const int n_seqs = static_cast<int>(sc.seqs.size()), hq = c.num_q_heads(), d = c.head_dim;
+  const float scale = 1.f / std::sqrt(static_cast<float>(d));
+  std::mt19937_64 rng(c.seed + 7);
+  std::vector<float> q(static_cast<size_t>(n_seqs) * hq * d);
+  sample_queries(sc.profiles[0], hq, n_seqs, scale, 2.f, rng, q.data());
+
+  std::vector<float> ref(q.size()), ref_lse(static_cast<size_t>(n_seqs) * hq);
+  ASSERT_OK(cpu::decode(bind_decode(kv, 0, tables, q.data(), ref.data(), hq, scale, ref_lse.data())));
+
+  auto layer = upload_layer(kv, 0);
+  ASSERT_TRUE(layer.is_ok()) << layer.status().to_string();
+  auto dtab = kc::DeviceTables::upload(tables.seq_lens, tables.sink_lens, tables.block_tables, tables.max_blocks,
+                                       tables.sink_tables, tables.max_sink_blocks);
+  ASSERT_TRUE(dtab.is_ok()) << dtab.status().to_string();
+  auto dq = kc::DeviceBuffer::create(q.size() * 4);
+  auto dout = kc::DeviceBuffer::create(q.size() * 4);
+  auto dlse = kc::DeviceBuffer::create(ref_lse.size() * 4);
+  ASSERT_TRUE(dq.is_ok() && dout.is_ok() && dlse.is_ok());
+  ASSERT_OK(dq.value().upload(q.data(), q.size() * 4));
+
+  DecodeArgs a;
+  a.geom = kv.geometry();
+  a.layer = layer.value().view();
+  a.tables = dtab.value().view();
+  a.q = dq.value().as<float>();
+  a.out = dout.value().as<float>();
+  a.lse = dlse.value().as<float>();
+  a.num_q_heads = hq;
+  a.softmax_scale = scale;
+  ASSERT_OK(kc::can_implement(a));
+
+  for (int forced : {1, 0, 7}) {
+    kc::DecodeOptions opts;
+    opts.force_splits = forced;
+    auto plan = kc::plan(a, dev, opts);
+    ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(a, plan.value()), 16));
+    ASSERT_TRUE(ws.is_ok());
+    ASSERT_OK(dout.value().fill_byte(0xFF));  // NaN: an element the kernel forgets stays NaN
+    ASSERT_OK(dlse.value().fill_byte(0xFF));
+    ASSERT_OK(kc::run(a, plan.value(), ws.value().get(), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_OK(kc::last_cuda_status("decode"));
+    std::vector<float> got(q.size()), got_lse(ref_lse.size());
+    ASSERT_OK(dout.value().download(got.data(), got.size() * 4));
+    ASSERT_OK(dlse.value().download(got_lse.data(), got_lse.size() * 4));
+    const std::string tag = c.name() + " splits=" + std::to_string(plan.value().num_splits);
+    ASSERT_TRUE(testing::all_finite(got.data(), got.size())) << tag << ": output has NaN/inf (unwritten or poisoned read)";
+    // Per (sequence, head) rows, so a single bad row cannot hide in a large norm.
+    double worst = 0;
+    for (size_t r = 0; r < ref_lse.size(); ++r) {
+      const double e = testing::relative_l2(&got[r * d], &ref[r * d], d);
+      worst = std::max(worst, e);
+      ASSERT_LE(e, kGpuVsCpuRelL2) << tag << " row " << r << " (seq " << r / hq << ", len "
+                                   << tables.seq_lens[r / hq] << ", sink " << tables.sink_lens[r / hq] << ")";
+      ASSERT_NEAR(got_lse[r], ref_lse[r], kLseAbs) << tag << " lse row " << r;
+    }
+    RecordProperty("worst_rel_l2_splits" + std::to_string(forced), std::to_string(worst));
+  }
+}
+
+// The shared sweep (cases.h), restricted to the head dims the CUDA kernels take, plus shapes
+// that only matter on the GPU: a group of 16 (two CTAs per kv head), a group of 3, long
+// sequences (many tiles per warp, the prefetch and the planner), block 32 with a mid-page sink.
+std::vector<AttnCase> gpu_cases() {
+  std::vector<AttnCase> out;
+  for (const AttnCase& c : testing::sampled_sweep())
+    if (c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256) out.push_back(c);
+  uint64_t seed = 5000;
+  auto add = [&](Format f, ScaleGranularity g, int d, int hkv, int group, int bs, int sink, std::vector<int> lens) {
+    AttnCase c;
+    c.format = f, c.granularity = g, c.head_dim = d, c.num_kv_heads = hkv, c.group = group;
+    c.block_size = bs, c.sink = sink, c.lens = std::move(lens), c.seed = seed++;
+    out.push_back(c);
+  };
+  add(Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 128, 1, 16, 16, 32, {1, 17, 300});
+  add(Format::kBf16, ScaleGranularity::kPerTokenHead, 64, 3, 3, 16, 0, {2048, 1, 33});
+  add(Format::kInt8, ScaleGranularity::kPerBlockHead, 64, 3, 3, 32, 20, {1500, 21, 64});
+  add(Format::kFp8E4m3Fnuz, ScaleGranularity::kPerTokenHead, 128, 2, 4, 32, 20, {3000, 52, 53});
+  add(Format::kFp8E4m3, ScaleGranularity::kPerTensor, 256, 1, 8, 16, 256, {2600, 256, 257, 1});
+  add(Format::kFp16, ScaleGranularity::kPerTokenHead, 128, 2, 2, 16, 16, {700, 16, 15});
+  add(Format::kInt8, ScaleGranularity::kPerTokenHead, 256, 2, 5, 32, 0, {1000, 32, 31});
+  return out;
+}
+
+class CudaDecode : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(CudaDecode, MatchesCpuReference) { check_case(GetParam()); }
+
+INSTANTIATE_TEST_SUITE_P(Sweep, CudaDecode, ::testing::ValuesIn(gpu_cases()),
+                         [](const ::testing::TestParamInfo<AttnCase>& i) {
+                           return i.param.name() + "_" + std::to_string(i.index);
+                         });
+
+TEST(CudaDecodeApi, RejectsWhatItCannotRun) {
+  DecodeArgs a;
+  a.geom.num_kv_heads = 2;
+  a.geom.head_dim = 8;
+  a.geom.block_size = 16;
+  a.num_q_heads = 4;
+  a.softmax_scale = 0.1f;
+  float dummy[4] = {};
+  a.q = dummy;
+  a.out = dummy;
+  EXPECT_EQ(kc::can_implement(a).code(), StatusCode::kUnsupported);
+  a.geom.head_dim = 128;
+  a.geom.format = Format::kInt4;
+  EXPECT_EQ(kc::can_implement(a).code(), StatusCode::kUnsupported);
+  a.geom.format = Format::kFp8E4m3;
+  a.num_q_heads = 3;
+  EXPECT_EQ(kc::can_implement(a).code(), StatusCode::kInvalidArgument);
+  a.num_q_heads = 4;
+  a.geom.block_size = 64;
+  EXPECT_EQ(kc::can_implement(a).code(), StatusCode::kUnsupported);
+  a.geom.block_size = 16;
+  a.softmax_scale = 0.f;
+  EXPECT_EQ(kc::can_implement(a).code(), StatusCode::kInvalidArgument);
+}
+
+// run() only enqueues: it can be captured in a CUDA graph and replayed with the same result.
+TEST(CudaDecodeApi, RunIsGraphCapturable) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  AttnCase c;
+  c.format = Format::kFp8E4m3;
+  c.head_dim = 128, c.num_kv_heads = 2, c.group = 4, c.block_size = 16, c.sink = 16;
+  c.lens = {900, 40};
+  c.seed = 99;
+  auto built = build_synthetic_cache(c.cache_options());
+  ASSERT_TRUE(built.is_ok());
+  SyntheticCache sc = std::move(built).value();
+  const auto tables = sc.cache->batch_tables(sc.seqs);
+  auto layer = upload_layer(*sc.cache, 0);
+  auto dtab = kc::DeviceTables::upload(tables.seq_lens, tables.sink_lens, tables.block_tables, tables.max_blocks,
+                                       tables.sink_tables, tables.max_sink_blocks);
+  ASSERT_TRUE(layer.is_ok() && dtab.is_ok());
+  const int hq = c.num_q_heads(), d = c.head_dim;
+  std::vector<float> q(2 * hq * d);
+  std::mt19937_64 rng(3);
+  sample_queries(sc.profiles[0], hq, 2, 0.088f, 2.f, rng, q.data());
+  auto dq = kc::DeviceBuffer::create(q.size() * 4), dout = kc::DeviceBuffer::create(q.size() * 4);
+  ASSERT_TRUE(dq.is_ok() && dout.is_ok());
+  ASSERT_OK(dq.value().upload(q.data(), q.size() * 4));
+  DecodeArgs a;
+  a.geom = sc.cache->geometry();
+  a.layer = layer.value().view();
+  a.tables = dtab.value().view();
+  a.q = dq.value().as<float>();
+  a.out = dout.value().as<float>();
+  a.num_q_heads = hq;
+  a.softmax_scale = 0.088f;
+  kc::DecodeOptions o;
+  o.force_splits = 5;
+  auto plan = kc::plan(a, cuda_device_info().value(), o);
+  ASSERT_TRUE(plan.is_ok());
+  auto ws = kc::DeviceBuffer::create(kc::workspace_size(a, plan.value()));
+  ASSERT_TRUE(ws.is_ok());
+  ASSERT_OK(kc::run(a, plan.value(), ws.value().get(), nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> direct(q.size()), replay(q.size());
+  ASSERT_OK(dout.value().download(direct.data(), direct.size() * 4));
+  ASSERT_OK(dout.value().fill_byte(0));
+
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  cudaGraph_t g;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const Status st = kc::run(a, plan.value(), ws.value().get(), s);
+  ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+  ASSERT_OK(st);
+  cudaGraphExec_t ge;
+  ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaGraphLaunch(ge, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  ASSERT_OK(dout.value().download(replay.data(), replay.size() * 4));
+  EXPECT_EQ(std::memcmp(direct.data(), replay.data(), direct.size() * 4), 0);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaStreamDestroy(s);
+}
+
+}  // namespace
+}  // namespace kvq::attention

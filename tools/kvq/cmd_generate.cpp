@@ -1,0 +1,131 @@
+// `kvq generate`: runs a model on the CPU engine with the chosen KV cache format and streams the
+// generated text; timing and cache memory go to stderr.
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "kvq/command.h"
+#include "kvq/format/auto_format.h"
+#include "kvq/model/model.h"
+
+namespace kvq::tools {
+namespace {
+
+struct GenerateOptions {
+  std::string model = "stories260K";
+  std::string tokenizer;
+  std::string prompt;
+  bool chat = false;
+  bool no_bos = false;
+  QuantOptions quant;
+  float temperature = 0.f;
+  float top_p = 1.f;
+  uint64_t seed = 0;
+  int max_new = 128;
+  int max_tokens = 0;
+};
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+int run_generate(const GenerateOptions& o) {
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "kvq generate: %s\n", s.to_string().c_str());
+    return 1;
+  };
+  HardwareInfo hw;
+  hw.cpu = detect_cpu();
+  // The engine runs on the CPU, so `auto` is what this machine's CPU path prefers.
+  auto spec = parse_quant_spec(o.quant, choose_auto_format(hw).format);
+  if (!spec.is_ok()) return fail(spec.status());
+  auto path = model::resolve_model_path(o.model);
+  if (!path.is_ok()) return fail(path.status());
+
+  auto t0 = Clock::now();
+  auto m = model::Model::load(path.value(), o.tokenizer);
+  if (!m.is_ok()) return fail(m.status());
+  const model::Model& mod = *m.value();
+  const model::ModelConfig& c = mod.config();
+  std::fprintf(stderr, "model %s: %d layers, dim %d, %d/%d heads of %d, vocab %d (loaded in %.2f s)\n", c.name.c_str(),
+               c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, seconds_since(t0));
+
+  const model::Tokenizer& tok = mod.tokenizer();
+  std::string text = o.chat ? tok.chat_prompt(o.prompt) : o.prompt;
+  bool bos = c.add_bos && !o.no_bos;
+  auto prompt = tok.encode(text, bos);
+  if (prompt.empty() && tok.bos_id() >= 0) prompt.push_back(tok.bos_id());
+  if (prompt.empty()) return fail(invalid_argument("the prompt is empty and the model has no BOS token"));
+
+  int max_tokens = o.max_tokens > 0 ? o.max_tokens : static_cast<int>(prompt.size()) + o.max_new;
+  max_tokens = std::min(max_tokens, c.max_seq_len);
+  auto runner = model::Runner::create(mod, spec.value(), max_tokens);
+  if (!runner.is_ok()) return fail(runner.status());
+  std::fprintf(stderr, "kv cache %s, prompt %zu tokens\n", spec.value().to_string().c_str(), prompt.size());
+
+  model::SamplingOptions so;
+  so.temperature = o.temperature;
+  so.top_p = o.top_p;
+  so.seed = o.seed;
+  so.max_new_tokens = o.max_new;
+  // Stream by decoding the whole continuation each step and printing what is new, so multi-byte
+  // characters split across tokens and the dummy-prefix space come out right.
+  std::vector<int32_t> out;
+  std::string shown;
+  auto t_first = Clock::now();
+  double prefill_s = -1;
+  auto on_token = [&](int32_t id) {
+    if (prefill_s < 0) prefill_s = seconds_since(t_first);
+    out.push_back(id);
+    std::string now = tok.decode(out);
+    if (now.size() > shown.size() && now.compare(0, shown.size(), shown) == 0) {
+      std::fwrite(now.data() + shown.size(), 1, now.size() - shown.size(), stdout);
+      std::fflush(stdout);
+      shown = now;
+    }
+  };
+  if (!o.chat) {
+    std::fputs(o.prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
+  auto gen = model::generate(*runner.value(), prompt, so, on_token);
+  const double total_s = seconds_since(t_first);
+  std::fputc('\n', stdout);
+  if (!gen.is_ok()) return fail(gen.status());
+  const size_t n = gen.value().size();
+  const double decode_s = total_s - std::max(0.0, prefill_s);
+  std::fprintf(stderr, "prefill %zu tokens in %.3f s (%.1f tok/s); decode %zu tokens in %.3f s (%.1f tok/s)\n",
+               prompt.size(), prefill_s, prompt.size() / std::max(prefill_s, 1e-9), n > 0 ? n - 1 : 0, decode_s,
+               (n > 1 ? n - 1 : 0) / std::max(decode_s, 1e-9));
+  auto mem = runner.value()->cache().memory_report();
+  std::fprintf(stderr, "kv cache: %d pages + %d sink pages in use; planes %.2f MiB codes, %.2f MiB scales, %.2f MiB sink\n",
+               mem.pages_used, mem.sink_pages_used, mem.code_bytes / 1048576.0, mem.scale_bytes / 1048576.0,
+               mem.sink_bytes / 1048576.0);
+  return 0;
+}
+
+const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()> {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* sub = app.add_subcommand("generate", "Generate text with a model on the CPU engine over the quantized cache");
+  sub->add_option("--model,-m", o->model, "Model file (GGUF or llama2.c), or an alias: smollm2, stories260K")
+      ->capture_default_str();
+  sub->add_option("--tokenizer", o->tokenizer, "llama2.c tokenizer file (default: tok<vocab>.bin beside the model)");
+  sub->add_option("--prompt,-p", o->prompt, "Prompt text (empty: start from BOS)");
+  sub->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template (SmolLM2-Instruct)");
+  sub->add_flag("--no-bos", o->no_bos, "Do not prepend BOS even when the model expects it");
+  sub->add_option("--kv-cache-dtype", o->quant.kv_cache_dtype, "auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8")
+      ->capture_default_str();
+  sub->add_option("--kv-scale-granularity", o->quant.granularity, "per_token_head|per_block_head|per_tensor")
+      ->capture_default_str();
+  sub->add_option("--kv-sink-tokens", o->quant.sink_tokens, "First N tokens kept in bf16 (0 disables)")
+      ->capture_default_str();
+  sub->add_option("--kv-block-size", o->quant.block_size, "Tokens per cache page (16 or 32)")->capture_default_str();
+  sub->add_option("--temperature,-t", o->temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
+  sub->add_option("--top-p", o->top_p, "Nucleus sampling mass")->capture_default_str();
+  sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
+  sub->add_option("-n,--max-new-tokens", o->max_new, "Tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("--max-tokens", o->max_tokens, "Cache capacity in tokens (default: prompt + n)");
+  return [o] { return run_generate(*o); };
+}}};
+
+}  // namespace
+}  // namespace kvq::tools
