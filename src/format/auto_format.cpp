@@ -32,7 +32,7 @@ AutoFormatChoice choose_auto_format(const HardwareInfo& hw) {
     }
     case GpuVendor::kNone: break;
   }
-  return {Format::kInt8, "no GPU backend in use: int8 is the fastest compact format to decode on a CPU"};
+  return {Format::kInt8, "no usable GPU: on a CPU int8 is the cheapest compact format to decode"};
 }
 
 }  // namespace kvq

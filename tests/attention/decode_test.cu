@@ -125,7 +125,7 @@ void check_case(const AttnCase& c) {
                                    << tables.seq_lens[r / hq] << ", sink " << tables.sink_lens[r / hq] << ")";
       ASSERT_NEAR(got_lse[r], ref_lse[r], kLseAbs) << tag << " lse row " << r;
     }
-    RecordProperty("worst_rel_l2_splits" + std::to_string(forced), std::to_string(worst));
+    ::testing::Test::RecordProperty("worst_rel_l2_splits" + std::to_string(forced), std::to_string(worst));
   }
 }
 

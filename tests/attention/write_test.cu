@@ -194,7 +194,7 @@ void run_case(const WriteCase& c) {
   write_step({2}, {30});
   for (int round = 0; round < 20; ++round) write_step({0, 1, 2}, {1, 1, 1});
   write_step({1, 0}, {bs + 3, 2});  // a multi-token append per sequence in one call
-  if (HasFatalFailure()) return;
+  if (::testing::Test::HasFatalFailure()) return;
 
   auto compare = [&](kc::Plane plane, const void* ref, size_t bytes, size_t elem, const char* what) {
     std::vector<uint8_t> got(bytes);
@@ -216,7 +216,7 @@ void run_case(const WriteCase& c) {
   compare(kc::Plane::kKSink, hp.k_sink.data(), hp.k_sink.size() * 2, 2, "K sink");
   compare(kc::Plane::kVSink, hp.v_sink.data(), hp.v_sink.size() * 2, 2, "V sink");
   if (g.granularity == ScaleGranularity::kPerBlockHead && g.has_scales())
-    RecordProperty("requantized_page_heads", std::to_string(host.stats().requantized_page_heads));
+    ::testing::Test::RecordProperty("requantized_page_heads", std::to_string(host.stats().requantized_page_heads));
 }
 
 std::vector<WriteCase> write_cases() {

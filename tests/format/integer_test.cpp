@@ -92,7 +92,9 @@ TEST(Integer, Int4RowsRoundTripAgainstFloat64) {
     std::vector<uint8_t> packed(int4_row_bytes(n) + 1, 0xAB);  // one canary byte
     encode_int4_row(x.data(), n, scale, packed.data());
     EXPECT_EQ(packed.back(), 0xAB) << "wrote past int4_row_bytes(" << n << ")";
-    if (n & 1) EXPECT_EQ(packed[n / 2] >> 4, 0) << "odd row: high nibble of the last byte must be 0";
+    if (n & 1) {
+      EXPECT_EQ(packed[n / 2] >> 4, 0) << "odd row: high nibble of the last byte must be 0";
+    }
     std::vector<float> y(n);
     decode_int4_row(packed.data(), n, scale, y.data());
     for (size_t i = 0; i < n; ++i) {

@@ -90,6 +90,7 @@ int run_generate(const GenerateOptions& o) {
   auto gen = model::generate(*runner.value(), prompt, so, on_token);
   const double total_s = seconds_since(t_first);
   std::fputc('\n', stdout);
+  std::fflush(stdout);
   if (!gen.is_ok()) return fail(gen.status());
   const size_t n = gen.value().size();
   const double decode_s = total_s - std::max(0.0, prefill_s);

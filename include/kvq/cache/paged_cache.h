@@ -6,8 +6,10 @@
 // - Sink. A sequence keeps its first `sink capacity` tokens in bf16 sink pages (add_sequence).
 //   CacheConfig::num_sink_pages == 0 is allowed only with spec.sink_tokens == 0: such a cache has
 //   no sink at all. With spec.sink_tokens > 0 the sink pool must hold at least one sequence's sink
-//   (ceil(sink_tokens / block_size) pages), else create() refuses. Sink pages are allocated as the
-//   sequence grows; a full sink pool makes extend() fail with kOutOfMemory like the main pool.
+//   (ceil(sink_tokens / block_size) pages), else create() refuses. Sink pages with sink_tokens == 0
+//   serve only sequences that ask for a sink explicitly (add_sequence(n)). Sink pages are
+//   allocated as the sequence grows; a full sink pool makes extend() fail with kOutOfMemory like
+//   the main pool (the scheduler preempts; the sink is never silently shrunk).
 // - Pages are shared by reference count (fork). Any page that would receive new data while shared
 //   (refcount > 1) is first copied (copy on write), in extend() and in write(), so one sequence's
 //   writes never show in another.
@@ -119,7 +121,7 @@ class PagedKvCache {
     AlignedVector<float> k_scales, v_scales;
     AlignedVector<uint16_t> k_sink, v_sink;
   };
-  const Planes& planes(int layer) const { return layers_[layer]; }
+  const Planes& planes(int layer) const { return layers_[layer]; }  // layer in [0, num_layers)
 
  private:
   PagedKvCache() = default;

@@ -373,10 +373,12 @@ Result<uint64_t> count_encoder_mismatches(Format f) {
     default: cudaFree(d); return invalid_argument("encoder check: only fp8_e4m3, fp8_e4m3_fnuz and int8 have device encoders");
   }
   unsigned long long h = 0;
-  Status s = detail::launch_status("encoder check kernel");
-  if (s.is_ok()) s = detail::cuda_status(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost), "encoder check: copy");
+  const Status launched = detail::launch_status("encoder check kernel");
+  const Status copied = launched.is_ok() ? detail::cuda_status(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost),
+                                                               "encoder check: copy")
+                                         : launched;
   cudaFree(d);
-  if (!s.is_ok()) return s;
+  if (!copied.is_ok()) return copied;
   return static_cast<uint64_t>(h);
 }
 

@@ -1,0 +1,88 @@
+#pragma once
+// GPU benchmark core behind `kvq bench decode|write --backend cuda` (the CLI formats; this times).
+//
+// Method: every case is captured in a CUDA graph and replayed (warm-up, then >= 30 timed replays,
+// median reported); before each timed replay a buffer of 2x the L2 size is written (not timed) so
+// every replay starts with a cold L2, as a decode step over a large cache does. Caches are filled
+// with random valid codes directly on the device. Effective bandwidth counts the bytes the
+// operation must move at least (decode: K/V codes + scales + sink read; write: rows read + codes
+// and scales written) and is compared with a device-to-device copy measured in the same run
+// (bytes read + written over time).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvq/common/cuda_device.h"
+#include "kvq/common/status.h"
+#include "kvq/format/format.h"
+#include "kvq/quant/spec.h"
+
+namespace kvq::attention::cuda {
+
+struct DecodeShape {
+  int batch = 1, num_q_heads = 32, num_kv_heads = 8, head_dim = 128, seq_len = 4096;
+  std::string label() const;  // "B8 Hq32 Hkv8 D128 L8192"
+};
+
+// The shapes (Llama-3-8B-like, GQA 2-8, head_dim 64/128/256).
+std::vector<DecodeShape> default_decode_shapes();
+
+struct BenchTiming {
+  int warmup = 5;
+  int iters = 50;         // timed graph replays (>= 30)
+  bool cold_l2 = true;
+};
+
+struct CopyBandwidth {
+  double bytes = 0;       // read + written per copy
+  double us_median = 0;
+  double tb_per_s = 0;
+};
+
+struct DecodeBenchOptions {
+  std::vector<DecodeShape> shapes = default_decode_shapes();
+  std::vector<Format> formats = {Format::kBf16, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8};
+  ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
+  int block_size = 16;
+  int sink_tokens = 256;  // quantized formats only; the bf16 baseline has no sink
+  int force_splits = 0;
+  uint64_t seed = 1;
+  BenchTiming timing;
+};
+
+struct DecodeBenchRow {
+  DecodeShape shape;
+  Format format = Format::kBf16;
+  ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
+  int sink_tokens = 0, splits = 1, ctas_per_sm = 0;
+  double us_median = 0, us_min = 0, us_max = 0;
+  double kv_bytes = 0;        // codes + scales + sink read
+  double tb_per_s = 0;        // kv_bytes / median
+  double frac_of_copy = 0;    // tb_per_s / copy bandwidth
+  double speedup_vs_bf16 = 0; // bf16 median / this median (0 when bf16 was not run)
+};
+
+struct WriteBenchOptions {
+  int num_tokens = 16384, num_kv_heads = 8, head_dim = 128, block_size = 16;
+  std::vector<Format> formats = {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kBf16};
+  std::vector<ScaleGranularity> granularities = {ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead};
+  uint64_t seed = 1;
+  BenchTiming timing;
+};
+
+struct WriteBenchRow {
+  Format format = Format::kBf16;
+  ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
+  int num_tokens = 0, num_kv_heads = 0, head_dim = 0;
+  double us_median = 0, us_min = 0, us_max = 0;
+  double bytes = 0;           // bf16 rows read + codes + scales written
+  double tb_per_s = 0, frac_of_copy = 0;
+};
+
+// Device-to-device copy of `bytes` (default 1 GiB), median of `iters`.
+Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int iters = 20);
+
+Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& opts, const CopyBandwidth& copy);
+Result<std::vector<WriteBenchRow>> bench_write(const WriteBenchOptions& opts, const CopyBandwidth& copy);
+
+}  // namespace kvq::attention::cuda
