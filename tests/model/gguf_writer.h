@@ -48,9 +48,10 @@ class GgufWriter {
 
   // Adds a tensor whose data are `bytes` (already encoded in `type`); dims fastest first.
   void tensor(const std::string& name, std::vector<uint64_t> dims, uint32_t type, const std::vector<uint8_t>& bytes) {
+    // Padding goes before each tensor, so the file ends right after the last tensor's bytes.
+    while (data_.size() % alignment_ != 0) data_.push_back(0);
     Tensor t{name, std::move(dims), type, data_.size()};
     data_.insert(data_.end(), bytes.begin(), bytes.end());
-    while (data_.size() % alignment_ != 0) data_.push_back(0);
     tensors_.push_back(std::move(t));
   }
   void tensor_f32(const std::string& name, std::vector<uint64_t> dims, const std::vector<float>& v) {

@@ -1,0 +1,323 @@
+// GPU benchmark core (see include/kvq/attention/cuda/bench.h).
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "device_util.cuh"
+#include "kvq/attention/cuda/bench.h"
+#include "kvq/attention/cuda/decode.h"
+#include "kvq/attention/cuda/device_cache.h"
+#include "kvq/attention/cuda/write.h"
+#include "kvq/format/bf16.h"
+
+namespace kvq::attention::cuda {
+namespace {
+
+using detail::cuda_status;
+
+#define KVQ_CUDA_TRY(expr, what) KVQ_RETURN_IF_ERROR(cuda_status((expr), what))
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+
+Stats summarize(std::vector<float> ms) {
+  std::sort(ms.begin(), ms.end());
+  Stats s;
+  s.median = 1e3 * (ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]));
+  s.min = 1e3 * ms.front();
+  s.max = 1e3 * ms.back();
+  return s;
+}
+
+// RAII for the CUDA objects a timing loop needs.
+struct Timer {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~Timer() {
+    if (start) cudaEventDestroy(start);
+    if (stop) cudaEventDestroy(stop);
+    if (stream) cudaStreamDestroy(stream);
+  }
+  Status init() {
+    KVQ_CUDA_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+    KVQ_CUDA_TRY(cudaEventCreate(&start), "event");
+    KVQ_CUDA_TRY(cudaEventCreate(&stop), "event");
+    return Status::ok();
+  }
+};
+
+struct Graph {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~Graph() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+};
+
+// Captures `enqueue` (which must only launch work on the stream) into a graph.
+template <class F>
+Status capture(Timer& t, Graph& g, F&& enqueue) {
+  KVQ_CUDA_TRY(cudaStreamBeginCapture(t.stream, cudaStreamCaptureModeThreadLocal), "begin capture");
+  const Status s = enqueue(t.stream);
+  const cudaError_t e = cudaStreamEndCapture(t.stream, &g.graph);
+  KVQ_RETURN_IF_ERROR(s);
+  KVQ_CUDA_TRY(e, "end capture");
+  KVQ_CUDA_TRY(cudaGraphInstantiate(&g.exec, g.graph, 0), "graph instantiate");
+  return Status::ok();
+}
+
+// Replays the graph, flushing L2 (untimed) before each timed replay.
+Result<Stats> time_graph(Timer& t, Graph& g, const BenchTiming& timing, DeviceBuffer* flush) {
+  std::vector<float> ms;
+  const int iters = std::max(timing.iters, 30);
+  for (int i = 0; i < timing.warmup + iters; ++i) {
+    if (flush != nullptr && timing.cold_l2) KVQ_CUDA_TRY(cudaMemsetAsync(flush->get(), i & 0xff, flush->size(), t.stream), "L2 flush");
+    KVQ_CUDA_TRY(cudaEventRecord(t.start, t.stream), "event record");
+    KVQ_CUDA_TRY(cudaGraphLaunch(g.exec, t.stream), "graph launch");
+    KVQ_CUDA_TRY(cudaEventRecord(t.stop, t.stream), "event record");
+    KVQ_CUDA_TRY(cudaEventSynchronize(t.stop), "event sync");
+    float m = 0;
+    KVQ_CUDA_TRY(cudaEventElapsedTime(&m, t.start, t.stop), "elapsed");
+    if (i >= timing.warmup) ms.push_back(m);
+  }
+  return summarize(std::move(ms));
+}
+
+Result<DeviceBuffer> l2_flush_buffer() {
+  auto dev = cuda_device_info();
+  if (!dev.is_ok()) return dev.status();
+  return DeviceBuffer::create(std::max<size_t>(2 * dev->l2_bytes, size_t{64} << 20));
+}
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+size_t elem_bytes(Format f) { return static_cast<size_t>(format_bits(f)) / 8; }
+
+}  // namespace
+
+std::string DecodeShape::label() const {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "B%d Hq%d Hkv%d D%d L%d", batch, num_q_heads, num_kv_heads, head_dim, seq_len);
+  return buf;
+}
+
+std::vector<DecodeShape> default_decode_shapes() {
+  return {{1, 32, 8, 128, 32768}, {8, 32, 8, 128, 8192},  {8, 32, 16, 128, 16384},
+          {32, 32, 8, 128, 4096}, {64, 32, 8, 128, 8192}, {16, 32, 16, 128, 32768},
+          {8, 9, 3, 64, 2048},    {64, 9, 3, 64, 8192},   {16, 8, 1, 256, 8192}};
+}
+
+Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iters) {
+  auto src = DeviceBuffer::create(bytes);
+  if (!src.is_ok()) return src.status();
+  auto dst = DeviceBuffer::create(bytes);
+  if (!dst.is_ok()) return dst.status();
+  KVQ_RETURN_IF_ERROR(src.value().fill_byte(0x3c));
+  Timer t;
+  KVQ_RETURN_IF_ERROR(t.init());
+  Graph g;
+  KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+    return cuda_status(cudaMemcpyAsync(dst.value().get(), src.value().get(), bytes, cudaMemcpyDeviceToDevice, s), "copy");
+  }));
+  BenchTiming timing;
+  timing.iters = std::max(iters, 30);
+  timing.cold_l2 = false;  // 2 x 1 GiB dwarfs the L2 anyway
+  auto st = time_graph(t, g, timing, nullptr);
+  if (!st.is_ok()) return st.status();
+  CopyBandwidth c;
+  c.bytes = 2.0 * static_cast<double>(bytes);
+  c.us_median = st->median;
+  c.tb_per_s = c.bytes / (c.us_median * 1e-6) / 1e12;
+  return c;
+}
+
+// ---- decode -------------------------------------------------------------------------------------------
+
+namespace {
+
+Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, const DecodeBenchOptions& o, DeviceBuffer& flush,
+                                        const CudaDeviceInfo& dev) {
+  DecodeBenchRow row;
+  row.shape = sh;
+  row.format = f;
+  row.granularity = o.granularity;
+  const int bs = o.block_size;
+  const int sink = is_quantized(f) ? std::min(o.sink_tokens, sh.seq_len) : 0;
+  row.sink_tokens = sink;
+  const int main_tokens = sh.seq_len - sink;
+  const int main_pages = ceil_div(main_tokens, bs), sink_pages = ceil_div(sink, bs);
+
+  cache::CacheGeometry g;
+  g.num_layers = 1;
+  g.num_kv_heads = sh.num_kv_heads;
+  g.head_dim = sh.head_dim;
+  g.block_size = bs;
+  g.num_pages = std::max(1, sh.batch * main_pages);
+  g.num_sink_pages = sh.batch * sink_pages;
+  g.format = f;
+  g.granularity = o.granularity;
+  auto layer = DeviceLayer::create(g);
+  if (!layer.is_ok()) return layer.status();
+  KVQ_RETURN_IF_ERROR(fill_random(layer.value(), o.seed, nullptr));
+
+  // Pages dealt in a random order, as a long-running server's pool would hand them out.
+  std::mt19937_64 rng(o.seed);
+  std::vector<int32_t> pages(g.num_pages), spages(g.num_sink_pages);
+  std::iota(pages.begin(), pages.end(), 0);
+  std::iota(spages.begin(), spages.end(), 0);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  std::shuffle(spages.begin(), spages.end(), rng);
+  const int max_blocks = std::max(main_pages, 1), max_sink = sink_pages;
+  std::vector<int32_t> lens(sh.batch, sh.seq_len), sinks(sh.batch, sink);
+  std::vector<int32_t> bt(static_cast<size_t>(sh.batch) * max_blocks, -1), st(static_cast<size_t>(sh.batch) * max_sink, -1);
+  for (int b = 0; b < sh.batch; ++b) {
+    for (int j = 0; j < main_pages; ++j) bt[static_cast<size_t>(b) * max_blocks + j] = pages[b * main_pages + j];
+    for (int j = 0; j < sink_pages; ++j) st[static_cast<size_t>(b) * max_sink + j] = spages[b * sink_pages + j];
+  }
+  auto tables = DeviceTables::upload(lens, sinks, bt, max_blocks, st, max_sink);
+  if (!tables.is_ok()) return tables.status();
+
+  const size_t qn = static_cast<size_t>(sh.batch) * sh.num_q_heads * sh.head_dim;
+  std::vector<float> q(qn);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (float& x : q) x = nd(rng);
+  auto dq = DeviceBuffer::create(qn * 4);
+  auto dout = DeviceBuffer::create(qn * 4);
+  auto dlse = DeviceBuffer::create(static_cast<size_t>(sh.batch) * sh.num_q_heads * 4);
+  if (!dq.is_ok() || !dout.is_ok() || !dlse.is_ok()) return out_of_memory("bench: query/output buffers");
+  KVQ_RETURN_IF_ERROR(dq.value().upload(q.data(), qn * 4));
+
+  DecodeArgs a;
+  a.geom = g;
+  a.layer = layer.value().view();
+  a.tables = tables.value().view();
+  a.q = dq.value().as<float>();
+  a.out = dout.value().as<float>();
+  a.lse = dlse.value().as<float>();
+  a.num_q_heads = sh.num_q_heads;
+  a.softmax_scale = 1.f / std::sqrt(static_cast<float>(sh.head_dim));
+  DecodeOptions dopts;
+  dopts.force_splits = o.force_splits;
+  auto plan = cuda::plan(a, dev, dopts);
+  if (!plan.is_ok()) return plan.status();
+  row.splits = plan->num_splits;
+  row.ctas_per_sm = plan->ctas_per_sm;
+  auto ws = DeviceBuffer::create(std::max<size_t>(workspace_size(a, plan.value()), 16));
+  if (!ws.is_ok()) return ws.status();
+
+  Timer t;
+  KVQ_RETURN_IF_ERROR(t.init());
+  Graph gr;
+  KVQ_RETURN_IF_ERROR(capture(t, gr, [&](cudaStream_t s) { return run(a, plan.value(), ws.value().get(), s); }));
+  auto stats = time_graph(t, gr, o.timing, &flush);
+  if (!stats.is_ok()) return stats.status();
+  row.us_median = stats->median, row.us_min = stats->min, row.us_max = stats->max;
+
+  const double b = sh.batch, hkv = sh.num_kv_heads, d = sh.head_dim;
+  double bytes = b * main_tokens * hkv * d * elem_bytes(f) * 2 + b * sink * hkv * d * 2 * 2;
+  if (is_quantized(f)) {
+    if (o.granularity == ScaleGranularity::kPerTokenHead) bytes += b * main_tokens * hkv * 4 * 2;
+    if (o.granularity == ScaleGranularity::kPerBlockHead) bytes += b * main_pages * hkv * 4 * 2;
+    if (o.granularity == ScaleGranularity::kPerTensor) bytes += 8;
+  }
+  row.kv_bytes = bytes;
+  row.tb_per_s = bytes / (row.us_median * 1e-6) / 1e12;
+  return row;
+}
+
+}  // namespace
+
+Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& o, const CopyBandwidth& copy) {
+  auto dev = cuda_device_info();
+  if (!dev.is_ok()) return dev.status();
+  auto flush = l2_flush_buffer();
+  if (!flush.is_ok()) return flush.status();
+  std::vector<DecodeBenchRow> rows;
+  for (const DecodeShape& sh : o.shapes) {
+    double bf16_us = 0;
+    for (Format f : o.formats) {
+      auto r = bench_decode_one(sh, f, o, flush.value(), dev.value());
+      if (!r.is_ok()) return Status(r.status().code(), sh.label() + " " + format_name(f) + ": " + r.status().message());
+      DecodeBenchRow row = r.value();
+      row.frac_of_copy = copy.tb_per_s > 0 ? row.tb_per_s / copy.tb_per_s : 0;
+      if (f == Format::kBf16) bf16_us = row.us_median;
+      rows.push_back(row);
+    }
+    for (DecodeBenchRow& row : rows)
+      if (row.shape.label() == sh.label() && bf16_us > 0) row.speedup_vs_bf16 = bf16_us / row.us_median;
+  }
+  return rows;
+}
+
+// ---- write --------------------------------------------------------------------------------------------
+
+Result<std::vector<WriteBenchRow>> bench_write(const WriteBenchOptions& o, const CopyBandwidth& copy) {
+  auto flush = l2_flush_buffer();
+  if (!flush.is_ok()) return flush.status();
+  const int n = o.num_tokens, h = o.num_kv_heads, d = o.head_dim, bs = o.block_size;
+  const size_t elems = static_cast<size_t>(n) * h * d;
+  // bf16 rows, N(0,1)-like with a few larger values, generated once on the host (32 MB).
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<uint16_t> host(elems);
+  for (size_t i = 0; i < elems; ++i) host[i] = format::float_to_bf16(nd(rng) * (i % 97 == 0 ? 20.f : 1.f));
+  auto dk = DeviceBuffer::create(elems * 2), dv = DeviceBuffer::create(elems * 2);
+  if (!dk.is_ok() || !dv.is_ok()) return out_of_memory("bench write: input rows");
+  KVQ_RETURN_IF_ERROR(dk.value().upload(host.data(), elems * 2));
+  KVQ_RETURN_IF_ERROR(dv.value().upload(host.data(), elems * 2));
+  const int pages = ceil_div(n, bs);
+  std::vector<int32_t> order(pages), slots(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  for (int t = 0; t < n; ++t) slots[t] = main_slot(order[t / bs], t % bs, bs);
+  auto dslots = DeviceBuffer::create(static_cast<size_t>(n) * 4);
+  if (!dslots.is_ok()) return dslots.status();
+  KVQ_RETURN_IF_ERROR(dslots.value().upload(slots.data(), slots.size() * 4));
+
+  std::vector<WriteBenchRow> rows;
+  for (Format f : o.formats) {
+    for (ScaleGranularity gr : o.granularities) {
+      if (!is_quantized(f) && gr != o.granularities.front()) continue;
+      cache::CacheGeometry g;
+      g.num_layers = 1, g.num_kv_heads = h, g.head_dim = d, g.block_size = bs, g.num_pages = pages;
+      g.format = f, g.granularity = gr;
+      auto layer = DeviceLayer::create(g);
+      if (!layer.is_ok()) return layer.status();
+      WriteArgs a;
+      a.geom = g;
+      a.layer = layer.value().view();
+      a.k_block_amax = layer.value().k_block_amax();
+      a.v_block_amax = layer.value().v_block_amax();
+      a.k = dk.value().get();
+      a.v = dv.value().get();
+      a.num_tokens = n;
+      a.slot_mapping = dslots.value().as<int32_t>();
+      auto ws = DeviceBuffer::create(std::max<size_t>(workspace_size(a), 16));
+      if (!ws.is_ok()) return ws.status();
+      Timer t;
+      KVQ_RETURN_IF_ERROR(t.init());
+      Graph graph;
+      KVQ_RETURN_IF_ERROR(capture(t, graph, [&](cudaStream_t s) { return run(a, ws.value().get(), s); }));
+      auto st = time_graph(t, graph, o.timing, &flush.value());
+      if (!st.is_ok()) return st.status();
+      WriteBenchRow r;
+      r.format = f, r.granularity = gr, r.num_tokens = n, r.num_kv_heads = h, r.head_dim = d;
+      r.us_median = st->median, r.us_min = st->min, r.us_max = st->max;
+      double bytes = 2.0 * elems * 2 + 2.0 * elems * elem_bytes(f);
+      if (is_quantized(f) && gr == ScaleGranularity::kPerTokenHead) bytes += 2.0 * n * h * 4;
+      if (is_quantized(f) && gr == ScaleGranularity::kPerBlockHead) bytes += 2.0 * pages * h * 4;
+      r.bytes = bytes;
+      r.tb_per_s = bytes / (r.us_median * 1e-6) / 1e12;
+      r.frac_of_copy = copy.tb_per_s > 0 ? r.tb_per_s / copy.tb_per_s : 0;
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
+}  // namespace kvq::attention::cuda

@@ -1,0 +1,271 @@
+// `kvq bench decode|write --backend cuda [--json FILE]`: GPU timings of the decode attention and
+// the cache write against the device's copy bandwidth, measured in the same run
+// (kvq/attention/cuda/bench.h has the method). The CPU kernels have their own Google Benchmark
+// binary (kvq_bench_cpu).
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kvq/command.h"
+#include "kvq/quant/spec.h"
+#ifdef KVQ_HAVE_CUDA
+#include "kvq/attention/cuda/bench.h"
+#include "kvq/common/cuda_device.h"
+#endif
+
+namespace kvq::tools {
+namespace {
+
+struct BenchCliOptions {
+  std::string backend = "cuda";
+  std::string json_path;
+  int iters = 50, warmup = 5;
+  bool warm_l2 = false;
+  // decode
+  std::string shapes;  // "B,Hq,Hkv,D,L;..." (default: the nine shapes)
+  std::string formats = "bf16,fp8_e4m3,fp8_fnuz,int8";
+  std::string granularity = "per_token_head";
+  int block_size = 16, sink = 256, splits = 0;
+  // write
+  int tokens = 16384, heads = 8, head_dim = 128;
+  std::string write_granularities = "per_token_head,per_block_head";
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+std::string now_utc() {
+  char buf[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+#ifdef KVQ_HAVE_CUDA
+namespace kc = kvq::attention::cuda;
+
+int fail(const std::string& what, const Status& s) {
+  std::fprintf(stderr, "kvq bench: %s: %s\n", what.c_str(), s.to_string().c_str());
+  return 1;
+}
+
+bool parse_formats(const std::string& list, std::vector<Format>& out) {
+  out.clear();
+  for (const std::string& name : split(list, ',')) {
+    auto f = parse_kv_cache_dtype(name);
+    if (!f.is_ok()) {
+      std::fprintf(stderr, "kvq bench: %s\n", f.status().message().c_str());
+      return false;
+    }
+    out.push_back(f.value());
+  }
+  return !out.empty();
+}
+
+bool parse_shapes(const std::string& list, std::vector<kc::DecodeShape>& out) {
+  out.clear();
+  for (const std::string& item : split(list, ';')) {
+    const auto v = split(item, ',');
+    if (v.size() != 5) {
+      std::fprintf(stderr, "kvq bench: shape '%s' must be B,Hq,Hkv,D,L\n", item.c_str());
+      return false;
+    }
+    kc::DecodeShape s;
+    try {
+      s = {std::stoi(v[0]), std::stoi(v[1]), std::stoi(v[2]), std::stoi(v[3]), std::stoi(v[4])};
+    } catch (const std::exception&) {
+      std::fprintf(stderr, "kvq bench: shape '%s' has a non-integer field\n", item.c_str());
+      return false;
+    }
+    if (s.batch < 1 || s.num_kv_heads < 1 || s.num_q_heads % s.num_kv_heads != 0 || s.seq_len < 1) {
+      std::fprintf(stderr, "kvq bench: shape '%s' is not valid (B, L >= 1; Hq a multiple of Hkv)\n", item.c_str());
+      return false;
+    }
+    out.push_back(s);
+  }
+  return !out.empty();
+}
+
+nlohmann::json device_json(const CudaDeviceInfo& d) {
+  return {{"name", d.name},
+          {"cc", std::to_string(d.cc_major) + "." + std::to_string(d.cc_minor)},
+          {"sm_count", d.sm_count},
+          {"l2_bytes", d.l2_bytes},
+          {"global_mem_bytes", d.global_mem_bytes},
+          {"driver_version", d.driver_version},
+          {"runtime_version", d.runtime_version}};
+}
+
+int write_json(const std::string& path, const nlohmann::json& j) {
+  if (path.empty()) return 0;
+  std::ofstream f(path);
+  f << j.dump(2) << "\n";
+  if (!f) {
+    std::fprintf(stderr, "kvq bench: cannot write %s\n", path.c_str());
+    return 1;
+  }
+  std::printf("wrote %s\n", path.c_str());
+  return 0;
+}
+
+int run_bench(const BenchCliOptions& o, bool decode) {
+  auto dev = cuda_device_info();
+  if (!dev.is_ok()) return fail("no GPU", dev.status());
+  kc::BenchTiming timing;
+  timing.iters = std::max(o.iters, 30);
+  timing.warmup = std::max(o.warmup, 1);
+  timing.cold_l2 = !o.warm_l2;
+  auto copy = kc::measure_copy_bandwidth();
+  if (!copy.is_ok()) return fail("copy bandwidth", copy.status());
+  std::printf("device: %s, %d SMs, L2 %zu MiB\n", dev->name.c_str(), dev->sm_count, dev->l2_bytes >> 20);
+  std::printf("device-to-device copy: %.3f TB/s (read + write, %.0f MB in %.1f us)\n", copy->tb_per_s, copy->bytes / 1e6,
+              copy->us_median);
+  nlohmann::json j;
+  j["date"] = now_utc();
+  j["device"] = device_json(dev.value());
+  j["copy"] = {{"bytes", copy->bytes}, {"us_median", copy->us_median}, {"tb_per_s", copy->tb_per_s}};
+  j["timing"] = {{"iters", timing.iters}, {"warmup", timing.warmup}, {"cold_l2", timing.cold_l2}, {"graph_replays", true}};
+
+  if (decode) {
+    kc::DecodeBenchOptions d;
+    if (!o.shapes.empty() && !parse_shapes(o.shapes, d.shapes)) return 2;
+    if (!parse_formats(o.formats, d.formats)) return 2;
+    auto g = parse_granularity(o.granularity);
+    if (!g.is_ok()) return fail("--granularity", g.status());
+    d.granularity = g.value();
+    d.block_size = o.block_size;
+    d.sink_tokens = o.sink;
+    d.force_splits = o.splits;
+    d.timing = timing;
+    auto rows = kc::bench_decode(d, copy.value());
+    if (!rows.is_ok()) return fail("decode", rows.status());
+    std::printf("\n%-30s %-9s %5s %6s %10s %8s %7s %8s\n", "shape", "format", "sink", "splits", "median_us", "TB/s",
+                "%copy", "x_bf16");
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& r : rows.value()) {
+      std::printf("%-30s %-9s %5d %6d %10.2f %8.3f %6.1f%% %8.3f\n", r.shape.label().c_str(), format_name(r.format),
+                  r.sink_tokens, r.splits, r.us_median, r.tb_per_s, 100 * r.frac_of_copy, r.speedup_vs_bf16);
+      arr.push_back({{"batch", r.shape.batch},
+                     {"num_q_heads", r.shape.num_q_heads},
+                     {"num_kv_heads", r.shape.num_kv_heads},
+                     {"head_dim", r.shape.head_dim},
+                     {"seq_len", r.shape.seq_len},
+                     {"format", format_name(r.format)},
+                     {"granularity", granularity_name(r.granularity)},
+                     {"block_size", d.block_size},
+                     {"sink_tokens", r.sink_tokens},
+                     {"splits", r.splits},
+                     {"ctas_per_sm", r.ctas_per_sm},
+                     {"us_median", r.us_median},
+                     {"us_min", r.us_min},
+                     {"us_max", r.us_max},
+                     {"kv_bytes", r.kv_bytes},
+                     {"tb_per_s", r.tb_per_s},
+                     {"frac_of_copy", r.frac_of_copy},
+                     {"speedup_vs_bf16", r.speedup_vs_bf16},
+                     {"time_vs_bf16", r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0}});
+    }
+    j["decode"] = arr;
+  } else {
+    kc::WriteBenchOptions w;
+    w.num_tokens = o.tokens, w.num_kv_heads = o.heads, w.head_dim = o.head_dim, w.block_size = o.block_size;
+    if (!parse_formats(o.formats, w.formats)) return 2;
+    w.granularities.clear();
+    for (const std::string& name : split(o.write_granularities, ',')) {
+      auto g = parse_granularity(name);
+      if (!g.is_ok()) return fail("--granularities", g.status());
+      w.granularities.push_back(g.value());
+    }
+    w.timing = timing;
+    auto rows = kc::bench_write(w, copy.value());
+    if (!rows.is_ok()) return fail("write", rows.status());
+    std::printf("\nwrite %d tokens x %d kv heads x %d (bf16 in)\n%-9s %-15s %10s %8s %7s\n", w.num_tokens, w.num_kv_heads,
+                w.head_dim, "format", "granularity", "median_us", "TB/s", "%copy");
+    nlohmann::json arr = nlohmann::json::array();
+    for (const auto& r : rows.value()) {
+      const char* gname = is_quantized(r.format) ? granularity_name(r.granularity) : "-";
+      std::printf("%-9s %-15s %10.2f %8.3f %6.1f%%\n", format_name(r.format), gname, r.us_median, r.tb_per_s,
+                  100 * r.frac_of_copy);
+      arr.push_back({{"format", format_name(r.format)},
+                     {"granularity", gname},
+                     {"num_tokens", r.num_tokens},
+                     {"num_kv_heads", r.num_kv_heads},
+                     {"head_dim", r.head_dim},
+                     {"us_median", r.us_median},
+                     {"us_min", r.us_min},
+                     {"us_max", r.us_max},
+                     {"bytes", r.bytes},
+                     {"tb_per_s", r.tb_per_s},
+                     {"frac_of_copy", r.frac_of_copy}});
+    }
+    j["write"] = arr;
+  }
+  return write_json(o.json_path, j);
+}
+#endif
+
+int dispatch(const BenchCliOptions& o, bool decode) {
+  if (o.backend != "cuda") {
+    std::fprintf(stderr,
+                 "kvq bench: --backend %s is not benchmarked here; CPU kernels are timed by the kvq_bench_cpu "
+                 "binary (Google Benchmark). Use --backend cuda on a GPU build.\n",
+                 o.backend.c_str());
+    return 2;
+  }
+#ifdef KVQ_HAVE_CUDA
+  return run_bench(o, decode);
+#else
+  (void)decode;
+  std::fprintf(stderr,
+               "kvq bench: this kvq was built without CUDA, so --backend cuda is unavailable. Rebuild with "
+               "-DKVQ_CUDA=ON on a machine with nvcc (and run it on an NVIDIA GPU).\n");
+  return 2;
+#endif
+}
+
+void add_common(CLI::App* c, BenchCliOptions& o) {
+  c->add_option("--backend", o.backend, "Backend to time (cuda)")->capture_default_str();
+  c->add_option("--json", o.json_path, "Also write the results as JSON to this file");
+  c->add_option("--iters", o.iters, "Timed CUDA-graph replays per case (>= 30)")->capture_default_str();
+  c->add_option("--warmup", o.warmup, "Untimed replays first")->capture_default_str();
+  c->add_flag("--warm-l2", o.warm_l2, "Do not flush L2 between replays (default: cold L2)");
+  c->add_option("--formats", o.formats, "Comma-separated --kv-cache-dtype values")->capture_default_str();
+  c->add_option("--block-size", o.block_size, "Tokens per page (16 or 32)")->capture_default_str();
+}
+
+const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()> {
+  auto opt = std::make_shared<BenchCliOptions>();
+  auto which = std::make_shared<int>(0);
+  CLI::App* sub = app.add_subcommand("bench", "Time the GPU decode attention or cache write (vs copy bandwidth)");
+  sub->require_subcommand(1);
+  CLI::App* dec = sub->add_subcommand("decode", "Decode attention over a paged cache, per shape and format");
+  add_common(dec, *opt);
+  dec->add_option("--shapes", opt->shapes, "Semicolon-separated B,Hq,Hkv,D,L (default: the nine standard shapes)");
+  dec->add_option("--granularity", opt->granularity, "Scale granularity of the quantized formats")->capture_default_str();
+  dec->add_option("--sink", opt->sink, "Sink tokens (bf16) per sequence for quantized formats")->capture_default_str();
+  dec->add_option("--splits", opt->splits, "Force this many KV splits (0: planned)")->capture_default_str();
+  dec->callback([which] { *which = 1; });
+  CLI::App* wr = sub->add_subcommand("write", "Quantize + scatter of new K/V rows into pages");
+  add_common(wr, *opt);
+  wr->add_option("--tokens", opt->tokens, "New tokens per call")->capture_default_str();
+  wr->add_option("--heads", opt->heads, "KV heads")->capture_default_str();
+  wr->add_option("--head-dim", opt->head_dim, "Head dim (64, 128, 256)")->capture_default_str();
+  wr->add_option("--granularities", opt->write_granularities, "Comma-separated scale granularities")->capture_default_str();
+  wr->callback([which] { *which = 2; });
+  return [opt, which] { return dispatch(*opt, *which == 1); };
+}}};
+
+}  // namespace
+}  // namespace kvq::tools
