@@ -18,7 +18,8 @@ passed through unchanged (ml_dtypes gives a NaN code); the C++ test applies kvq'
 policy (NaN -> +0) to those inputs itself.
 
 Every file is written to a temporary name and renamed, so test processes that generate into the
-same folder at the same time never read a half-written file. The inputs come from a fixed seed.
+same folder at the same time never read a half-written file; `stamp` is written last. The inputs
+come from a fixed seed.
 """
 import os
 import sys
@@ -149,6 +150,8 @@ def main():
     save(out_dir, "half_inputs.f32", h)
     save(out_dir, "half_fp16.u16", h.astype(np.float16).view(np.uint16))
     save(out_dir, "half_bf16.u16", h.astype(ml_dtypes.bfloat16).view(np.uint16))
+    # Written last: its presence means every file above is complete (tests reuse the folder).
+    save(out_dir, "stamp", np.frombuffer(f"ml_dtypes {ml_dtypes.__version__}\n".encode(), np.uint8))
     return 0
 
 

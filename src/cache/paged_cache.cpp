@@ -243,6 +243,11 @@ float* PagedKvCache::block_amax(int layer, int kv, int32_t page, int head) {
   return &block_amax_[i];
 }
 
+const float* PagedKvCache::block_amax_plane(int layer, int kv) const {
+  if (block_amax_.empty() || layer < 0 || layer >= geom_.num_layers || kv < 0 || kv > 1) return nullptr;
+  return block_amax_.data() + (static_cast<size_t>(layer) * 2 + kv) * geom_.num_pages * geom_.num_kv_heads;
+}
+
 int PagedKvCache::shared_pages(const Sequence& s, bool sink, int first_block, int last_block) const {
   const std::vector<int32_t>& t = sink ? s.sink_blocks : s.blocks;
   const BlockPool& pool = sink ? sink_pool_ : pool_;

@@ -222,7 +222,10 @@ TEST(PerBlockHead, PrefillSetsTheScaleFromThePageWithoutRequantizing) {
     float amax = 0;
     for (int t = 0; t < 16; ++t) amax = std::max(amax, testing::finite_abs_max(&k[static_cast<size_t>((t * heads + h) * dim)], dim));
     EXPECT_EQ(c->planes(0).k_scales[c->geometry().scale_index(page, h, 0)], amax / 127.f);
+    EXPECT_EQ(c->block_amax_plane(0, 0)[page * heads + h], amax);
   }
+  EXPECT_EQ(c->block_amax_plane(1, 0), nullptr);
+  EXPECT_EQ(c->block_amax_plane(0, 2), nullptr);
 }
 
 // Small values first, then one large token in head 0 of K only: exactly that page head is

@@ -1,10 +1,12 @@
 #pragma once
 // Oracle vectors from numpy + ml_dtypes (scripts/gen_fp8_vectors.py), generated at test time into
-// the build tree (never committed). Each test process runs the generator once; files are renamed
-// into place by the script, so parallel ctest processes never see a half-written file.
+// the build tree (never committed). ctest runs every test in its own process, so the folder is
+// reused while its stamp (written last by the script) is newer than the script; files are renamed
+// into place, so parallel processes that both regenerate never see a half-written file.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -42,7 +44,12 @@ inline Oracle load_oracle() {
   const std::string dir = std::string(KVQ_TEST_BINARY_DIR) + "/format_oracle";
   const std::string cmd = std::string("\"") + KVQ_PYTHON + "\" \"" + KVQ_SOURCE_DIR +
                           "/scripts/gen_fp8_vectors.py\" \"" + dir + "\"";
-  const int rc = std::system(cmd.c_str());
+  namespace fs = std::filesystem;
+  std::error_code ec1, ec2;
+  const auto stamp = fs::last_write_time(dir + "/stamp", ec1);
+  const auto script = fs::last_write_time(std::string(KVQ_SOURCE_DIR) + "/scripts/gen_fp8_vectors.py", ec2);
+  const bool fresh = !ec1 && !ec2 && stamp >= script;
+  const int rc = fresh ? 0 : std::system(cmd.c_str());
   if (rc != 0) {
     o.error = "could not generate the ml_dtypes oracle vectors (`" + cmd + "` exited with status " +
               std::to_string(rc) + "); the codec tests need numpy and ml_dtypes: pip install ml_dtypes numpy";

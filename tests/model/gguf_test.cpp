@@ -35,7 +35,7 @@ GgufWriter sample_writer(uint32_t version = 3, uint64_t alignment = 64) {
   w.kv_i32_array("t.ints", {3, -4, 5});
   // An array of two arrays of uint16.
   std::vector<uint8_t> nested;
-  GgufWriter::pod(nested, uint32_t{2});
+  GgufWriter::pod(nested, uint32_t{9});
   GgufWriter::pod(nested, uint64_t{2});
   for (uint16_t len : {2, 1}) {  // elements of an array of arrays carry no type tag of their own
     GgufWriter::pod(nested, uint32_t{2});

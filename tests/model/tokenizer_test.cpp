@@ -44,11 +44,14 @@ TEST(Llama2cTokenizer, ByteFallbackAndDummyPrefix) {
   ASSERT_EQ(nl.size(), 2u);
   EXPECT_EQ(nl[1], 13);
   EXPECT_EQ(tok.piece(13), "\n");
-  // "é" is not a piece of this 512-token vocabulary: two byte tokens, 0xC3 + 3 and 0xA9 + 3.
-  auto e = tok.encode("é", false);
-  ASSERT_EQ(e.size(), 3u);
-  EXPECT_EQ(e[1], 0xC3 + 3);
-  EXPECT_EQ(e[2], 0xA9 + 3);
+  // "日" (E6 97 A5) is not a piece of this 512-token vocabulary: three byte tokens, byte + 3.
+  auto e = tok.encode("日", false);
+  ASSERT_EQ(e.size(), 4u);
+  EXPECT_EQ(e[1], 0xE6 + 3);
+  EXPECT_EQ(e[2], 0x97 + 3);
+  EXPECT_EQ(e[3], 0xA5 + 3);
+  // "é" is a piece of its own.
+  EXPECT_EQ(tok.encode("é", false).size(), 2u);
   EXPECT_EQ(tok.encode("", true), (std::vector<int32_t>{1}));
   EXPECT_TRUE(tok.encode("", false).empty());
 }

@@ -122,6 +122,10 @@ class PagedKvCache {
     AlignedVector<uint16_t> k_sink, v_sink;
   };
   const Planes& planes(int layer) const { return layers_[layer]; }  // layer in [0, num_layers)
+  // per_block_head only (else nullptr): the exact amax behind each page-head scale of one layer,
+  // [num_pages][num_kv_heads] floats for kv 0 (K) or 1 (V), so a device mirror can keep growing
+  // the same scales. Host bookkeeping, not one of the 128-byte aligned planes.
+  const float* block_amax_plane(int layer, int kv) const;
 
  private:
   PagedKvCache() = default;

@@ -479,8 +479,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
       const float mvw = sm.mv[w][h];
       num += mvw == kNegInf ? 0.f : sm.o[w][h][d] * exp2f(mvw - M_use);
     }
-    const float res = L > 0.f ? num / L : 0.f;
-    const float lse2 = L > 0.f ? M + __log2f(L) : kNegInf;
+    // L == 0 only for an empty split; a NaN from a bad read must reach the output.
+    const float res = L == 0.f ? 0.f : num / L;
+    const float lse2 = L == 0.f ? kNegInf : M + __log2f(L);
     const size_t row = static_cast<size_t>(seq) * p.num_q_heads + hq0 + h;
     if (p.num_splits > 1) {
       p.part_out[(row * p.num_splits + split) * D + d] = res;
@@ -508,14 +509,14 @@ __global__ void __launch_bounds__(64) decode_merge_kernel(const float* part_out,
   for (int s = 0; s < num_splits; ++s) {
     const float w = exp2f(pl[s] - M_use);
     L += w;
-    if (d < D && w > 0.f) {
+    if (d < D && w != 0.f) {
       const float4 x = *reinterpret_cast<const float4*>(part_out + (row * num_splits + s) * D + d);
       acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
     }
   }
-  const float inv = L > 0.f ? 1.f / L : 0.f;
+  const float inv = L == 0.f ? 0.f : 1.f / L;
   if (d < D) *reinterpret_cast<float4*>(out + row * D + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-  if (threadIdx.x == 0 && lse != nullptr) lse[row] = L > 0.f ? (M + __log2f(L)) * kLn2 : kNegInf;
+  if (threadIdx.x == 0 && lse != nullptr) lse[row] = L == 0.f ? kNegInf : (M + __log2f(L)) * kLn2;
 }
 
 }  // namespace kvq::attention::cuda::detail

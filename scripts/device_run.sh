@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# One GPU session: build (or take prebuilt binaries), GPU tests, compute-sanitizer on a small
+# subset, benchmarks; logs and JSON go to $OUT (default ./device-out), a short table is printed last.
+#
+#   scripts/device_run.sh                  configure + build in build-device/, then run everything
+#   scripts/device_run.sh pack BUILD_DIR   (on the build machine) collect kvq, the CUDA test binaries
+#                                          and the shared libraries they need into .device/ (gzipped),
+#                                          for a GPU machine that lacks the build dependencies
+#   scripts/device_run.sh run              (on the GPU machine) use .device/ if present, else build
+#
+# Environment: OUT (results folder), KVQ_STEPS (default "info tests sanitize bench"; add "ncu" for
+# one Nsight Compute profile), KVQ_BENCH_ARGS (extra `kvq bench decode` arguments).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:-run}"
+
+if [[ $mode == pack ]]; then
+  build="${2:?usage: device_run.sh pack BUILD_DIR}"
+  rm -rf .device && mkdir -p .device/bin .device/lib
+  for b in kvq tests/test_attention_cuda tests/test_format_cuda; do
+    [[ -x $build/$b ]] && cp "$build/$b" .device/bin/ && strip -s ".device/bin/$(basename "$b")"
+  done
+  # Shared libraries outside the C/C++ runtime that the GPU image may lack.
+  ldd .device/bin/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
+    grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+    while read -r lib; do cp -L "$lib" .device/lib/; done
+  gzip -9 .device/bin/* .device/lib/*
+  du -sh .device
+  exit 0
+fi
+
+OUT="${OUT:-$PWD/device-out}"
+mkdir -p "$OUT"
+steps="${KVQ_STEPS:-info tests sanitize bench}"
+summary="$OUT/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+if [[ -d .device/bin ]]; then
+  rm -rf /tmp/kvq-bin && mkdir -p /tmp/kvq-bin/bin /tmp/kvq-bin/lib
+  for f in .device/bin/*.gz; do gunzip -c "$f" >"/tmp/kvq-bin/bin/$(basename "$f" .gz)"; done
+  for f in .device/lib/*.gz; do [[ -e $f ]] && gunzip -c "$f" >"/tmp/kvq-bin/lib/$(basename "$f" .gz)"; done
+  chmod +x /tmp/kvq-bin/bin/*
+  export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}"
+  KVQ=/tmp/kvq-bin/bin/kvq
+  TESTS=(/tmp/kvq-bin/bin/test_attention_cuda /tmp/kvq-bin/bin/test_format_cuda)
+  note "binaries: prebuilt (.device/)"
+else
+  cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON >"$OUT/env.txt" 2>&1 &&
+    cmake --build build-device -j "$(nproc)" --target kvq test_attention_cuda test_format_cuda >>"$OUT/env.txt" 2>&1 ||
+    { note "build FAILED (see env.txt)"; tail -30 "$OUT/env.txt"; exit 1; }
+  KVQ=build-device/kvq
+  TESTS=(build-device/tests/test_attention_cuda build-device/tests/test_format_cuda)
+  note "binaries: built in build-device/"
+fi
+
+if [[ $steps == *info* ]]; then
+  { nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; echo; ldd "$KVQ"; } >>"$OUT/env.txt" 2>&1
+  note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
+  if command -v cuobjdump >/dev/null; then
+    { cuobjdump --dump-resource-usage "${TESTS[0]}" 2>&1 | grep -A1 -E 'decode_kernel|write_(rows|segments)_kernel' | grep -E 'Function|REG' |
+        sed -E 's/.*Function ([^:]*):/\1/' | paste - - | sed -E 's/_ZN3kvq9attention4cuda6detail[0-9]*//' | cut -c1-220
+      echo "--- SASS op mix of decode_kernel<fp8_e4m3, 128, per-token>"
+      cuobjdump -sass -fun '_ZN3kvq9attention4cuda6detail13decode_kernelILNS_6FormatE2ELi128ELNS2_9ScaleModeE2EEEvNS2_12DecodeParamsE' "${TESTS[0]}" 2>/dev/null |
+        grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+' | awk '{print $2}' | sed -E 's/\..*//' | sort | uniq -c | sort -rn | head -25
+    } >>"$OUT/env.txt" 2>&1
+  fi
+fi
+
+if [[ $steps == *tests* ]]; then
+  for t in "${TESTS[@]}"; do
+    name=$(basename "$t")
+    echo "=== $name" >>"$OUT/tests.log"
+    timeout 500 "$t" --gtest_brief=1 >"/tmp/$name.log" 2>&1
+    rc=$?
+    cat "/tmp/$name.log" >>"$OUT/tests.log"
+    note "$name: rc=$rc $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "/tmp/$name.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "/tmp/$name.log" | head -20 | tee -a "$summary"
+  done
+fi
+
+if [[ $steps == *sanitize* ]]; then
+  subset='Sweep/CudaDecode.MatchesCpuReference/fp8_e4m3_per_token_head_D64*:Sweep/CudaDecode.MatchesCpuReference/int8_per_block_head_D128*:Sweep/CudaDecode.MatchesCpuReference/bf16_D64_Hkv3*:Sweep/CudaWrite.BitExactWithHostCache/fp8_e4m3_per_block_head_D64*:Sweep/CudaWrite.BitExactWithHostCache/int8_per_tensor_D128_Hkv2*:Sweep/CudaWrite.BitExactWithHostCache/fp8_e4m3_per_token_head_D128*'
+  for tool in memcheck racecheck; do
+    timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "${TESTS[0]}" --gtest_filter="$subset" --gtest_brief=1 \
+      >>"$OUT/sanitizer.log" 2>&1
+    rc=$?
+    note "compute-sanitizer $tool: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+  done
+fi
+
+if [[ $steps == *bench* ]]; then
+  # shellcheck disable=SC2086
+  timeout 400 "$KVQ" bench decode --backend cuda --json "$OUT/bench_decode.json" ${KVQ_BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
+  note "bench decode: rc=$?"
+  timeout 120 "$KVQ" bench write --backend cuda --json "$OUT/bench_write.json" >>"$OUT/bench.log" 2>&1
+  note "bench write: rc=$?"
+fi
+
+if [[ $steps == *ncu* ]] && command -v ncu >/dev/null; then
+  timeout 180 ncu --clock-control none --kernel-name regex:decode_kernel --launch-skip 3 --launch-count 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+    "$KVQ" bench decode --backend cuda --shapes "64,32,8,128,8192" --formats fp8 --iters 30 >"$OUT/ncu.txt" 2>&1
+  note "ncu: rc=$?"
+fi
+
+echo
+cat "$OUT/bench.log" 2>/dev/null | grep -vE '^wrote ' | tail -60
+echo
+cat "$summary"
