@@ -281,6 +281,7 @@ Result<EvalReport> run_eval(const model::Model& model, const std::vector<int32_t
   rep.gate_pct = opts.gate_pct;
   rep.baseline = first.value().baseline;
   rep.baseline.label = "bf16 (baseline)";
+  rep.baseline.gate_note = "baseline";
   rep.predictions = rep.baseline.predictions;
   std::vector<SpecResult> evaluated = std::move(first.value().specs);
 

@@ -171,6 +171,11 @@ Result<std::unique_ptr<Runner>> Runner::create(const Model& model, const QuantSp
 
 Runner::~Runner() = default;
 
+void set_compute_threads(int n) {
+  if (n > 0) openblas_set_num_threads(n);
+}
+int compute_threads() { return openblas_get_num_threads(); }
+
 namespace {
 Status check_tokens(const int32_t* tokens, int n, int vocab, int pos, int max_tokens) {
   if (n < 0 || (n > 0 && tokens == nullptr)) return invalid_argument("forward: need n >= 0 tokens");

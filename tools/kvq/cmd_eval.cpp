@@ -32,7 +32,7 @@ struct EvalCli {
   int block_size = 16;
   int ctx = 0;  // 0 = min(2048, the model's context)
   int max_windows = 0;
-  int64_t max_tokens = 8192;
+  int64_t max_tokens = 4096;  // two SmolLM2 windows at 2048: a few minutes on 2 cores
   int chunk = 256;
   int threads = 0;
   std::string gate = "3%";

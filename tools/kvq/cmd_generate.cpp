@@ -23,6 +23,7 @@ struct GenerateOptions {
   uint64_t seed = 0;
   int max_new = 128;
   int max_tokens = 0;
+  int threads = 0;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -33,6 +34,7 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "kvq generate: %s\n", s.to_string().c_str());
     return 1;
   };
+  model::set_compute_threads(o.threads);
   HardwareInfo hw;
   hw.cpu = detect_cpu();
   // The engine runs on the CPU, so `auto` is what this machine's CPU path prefers.
@@ -125,6 +127,7 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
   sub->add_option("-n,--max-new-tokens", o->max_new, "Tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--max-tokens", o->max_tokens, "Cache capacity in tokens (default: prompt + n)");
+  sub->add_option("--threads", o->threads, "BLAS threads for the matrix products (default: the BLAS default)");
   return [o] { return run_generate(*o); };
 }}};
 

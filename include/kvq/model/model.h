@@ -92,6 +92,12 @@ inline constexpr const char* kSmolLM2File = "SmolLM2-135M-Instruct.Q4_1.gguf";
 // anything else is a path that must exist.
 Result<std::string> resolve_model_path(const std::string& name_or_path);
 
+// Threads the BLAS library may use for the engine's matrix products. Process-wide (it is a BLAS
+// setting); n <= 0 leaves the library default. On a loaded or small machine one thread is often
+// faster for decode, whose matrix-vector products are memory bound.
+void set_compute_threads(int n);
+int compute_threads();
+
 // Samples one id from logits[vocab] (greedy when opts.temperature == 0); `rng_state` is advanced.
 int32_t sample_token(const float* logits, int vocab, const SamplingOptions& opts, uint64_t* rng_state);
 

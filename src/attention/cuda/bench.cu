@@ -96,6 +96,22 @@ Result<DeviceBuffer> l2_flush_buffer() {
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// A streaming copy kernel: 16-byte accesses, four loads in flight per thread. cudaMemcpy's
+// device-to-device path reaches noticeably less on H200, so the better of the two is the ceiling.
+__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = __ldcs(src + i), b = __ldcs(src + i + stride), c = __ldcs(src + i + 2 * stride),
+                d = __ldcs(src + i + 3 * stride);
+    __stcs(dst + i, a);
+    __stcs(dst + i + stride, b);
+    __stcs(dst + i + 2 * stride, c);
+    __stcs(dst + i + 3 * stride, d);
+  }
+  for (; i < n; i += stride) __stcs(dst + i, __ldcs(src + i));
+}
+
 size_t elem_bytes(Format f) { return static_cast<size_t>(format_bits(f)) / 8; }
 
 }  // namespace
@@ -118,20 +134,30 @@ Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iters) {
   auto dst = DeviceBuffer::create(bytes);
   if (!dst.is_ok()) return dst.status();
   KVQ_RETURN_IF_ERROR(src.value().fill_byte(0x3c));
-  Timer t;
-  KVQ_RETURN_IF_ERROR(t.init());
-  Graph g;
-  KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
-    return cuda_status(cudaMemcpyAsync(dst.value().get(), src.value().get(), bytes, cudaMemcpyDeviceToDevice, s), "copy");
-  }));
+  auto dev = cuda_device_info();
+  if (!dev.is_ok()) return dev.status();
   BenchTiming timing;
   timing.iters = std::max(iters, 30);
+  timing.warmup = 20;      // let the clocks come up
   timing.cold_l2 = false;  // 2 x 1 GiB dwarfs the L2 anyway
-  auto st = time_graph(t, g, timing, nullptr);
-  if (!st.is_ok()) return st.status();
+  double best_us = 0;
+  for (int variant = 0; variant < 2; ++variant) {
+    Timer t;
+    KVQ_RETURN_IF_ERROR(t.init());
+    Graph g;
+    KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+      if (variant == 0)
+        return cuda_status(cudaMemcpyAsync(dst.value().get(), src.value().get(), bytes, cudaMemcpyDeviceToDevice, s), "copy");
+      copy_kernel<<<dev->sm_count * 8, 256, 0, s>>>(src.value().as<uint4>(), dst.value().as<uint4>(), bytes / 16);
+      return detail::launch_status("copy kernel");
+    }));
+    auto st = time_graph(t, g, timing, nullptr);
+    if (!st.is_ok()) return st.status();
+    if (best_us == 0 || st->median < best_us) best_us = st->median;
+  }
   CopyBandwidth c;
   c.bytes = 2.0 * static_cast<double>(bytes);
-  c.us_median = st->median;
+  c.us_median = best_us;
   c.tb_per_s = c.bytes / (c.us_median * 1e-6) / 1e12;
   return c;
 }

@@ -25,8 +25,14 @@ detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g) {
     case Format::kFp8E4m3:
     case Format::kFp8E4m3Fnuz: return detail::decode_kernel_fp8(g.head_dim, scale_mode(g));
     case Format::kInt8: return detail::decode_kernel_int8(g.head_dim, scale_mode(g));
-    default: return nullptr;
+    default: return {};
   }
+}
+
+// Kernels with more than 48 KB of dynamic shared memory must opt in; idempotent and cheap.
+Status prepare(const detail::DecodeKernelFn& k) {
+  return detail::cuda_status(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.dyn_smem),
+                             "cuda decode: raising the shared memory limit");
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -67,7 +73,7 @@ Status can_implement(const DecodeArgs& a) {
                         static_cast<const void*>(a.layer.k_sink), static_cast<const void*>(a.layer.v_sink),
                         static_cast<const void*>(a.out)})
     if (p != nullptr && !aligned16(p)) return invalid_argument("cuda decode: cache planes and out must be 16-byte aligned");
-  if (kernel_for(g) == nullptr) return unsupported(std::string("cuda decode: no kernel for ") + format_name(g.format));
+  if (!kernel_for(g)) return unsupported(std::string("cuda decode: no kernel for ") + format_name(g.format));
   return Status::ok();
 }
 
@@ -81,8 +87,10 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   p.num_seqs = a.tables.num_seqs;
   p.num_q_heads = a.num_q_heads;
   p.max_tokens = (a.tables.max_blocks + a.tables.max_sink_blocks) * a.geom.block_size;
+  const detail::DecodeKernelFn kern = kernel_for(a.geom);
+  KVQ_RETURN_IF_ERROR(prepare(kern));
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kernel_for(a.geom), detail::kDecodeThreads, 0) != cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.fn, detail::kDecodeThreads, kern.dyn_smem) != cudaSuccess ||
       occ < 1) {
     cudaGetLastError();
     occ = 2;
@@ -152,7 +160,9 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   }
   const dim3 grid(p.num_splits, g.num_kv_heads * p.head_groups, a.tables.num_seqs);
   if (grid.y > 65535) return unsupported("cuda decode: too many kv heads x head groups for one launch");
-  kernel_for(g)<<<grid, detail::kDecodeThreads, 0, stream>>>(k);
+  const detail::DecodeKernelFn kern = kernel_for(g);
+  KVQ_RETURN_IF_ERROR(prepare(kern));
+  kern.fn<<<grid, detail::kDecodeThreads, kern.dyn_smem, stream>>>(k);
   KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;

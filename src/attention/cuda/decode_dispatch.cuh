@@ -4,7 +4,16 @@
 
 namespace kvq::attention::cuda::detail {
 
-using DecodeKernelFn = void (*)(DecodeParams);
+struct DecodeKernelFn {
+  void (*fn)(DecodeParams) = nullptr;
+  int dyn_smem = 0;  // bytes of dynamic shared memory the launch needs
+  explicit operator bool() const { return fn != nullptr; }
+};
+
+template <Format F, int D, ScaleMode SM>
+DecodeKernelFn decode_instance() {
+  return {decode_kernel<F, D, SM>, decode_dyn_smem_bytes<F, D, SM>()};
+}
 using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 
 // nullptr for a head_dim without an instance.

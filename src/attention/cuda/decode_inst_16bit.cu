@@ -6,17 +6,17 @@ namespace kvq::attention::cuda::detail {
 template <Format F>
 static DecodeKernelFn pick_16(int head_dim) {
   switch (head_dim) {
-    case 64: return decode_kernel<F, 64, ScaleMode::kNone>;
-    case 128: return decode_kernel<F, 128, ScaleMode::kNone>;
-    case 256: return decode_kernel<F, 256, ScaleMode::kNone>;
-    default: return nullptr;
+    case 64: return decode_instance<F, 64, ScaleMode::kNone>();
+    case 128: return decode_instance<F, 128, ScaleMode::kNone>();
+    case 256: return decode_instance<F, 256, ScaleMode::kNone>();
+    default: return {};
   }
 }
 
 DecodeKernelFn decode_kernel_16bit(Format f, int head_dim) {
   if (f == Format::kBf16) return pick_16<Format::kBf16>(head_dim);
   if (f == Format::kFp16) return pick_16<Format::kFp16>(head_dim);
-  return nullptr;
+  return {};
 }
 
 MergeKernelFn decode_merge_kernel_for(int head_dim) {

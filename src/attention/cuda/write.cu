@@ -20,7 +20,6 @@ namespace detail {
 namespace {
 
 constexpr int kThreads = 128;
-constexpr int kSegWindow = 32;  // candidate first tokens per CTA of the segments kernel
 
 struct WriteParams {
   uint8_t* codes[2];
@@ -35,29 +34,44 @@ struct WriteParams {
   unsigned* ws;     // per_tensor: [0..1] amax bits, [2] main rows seen
 };
 
+// A lane's 16 input elements as loaded (bf16: two 16-byte loads, fp32: four), unpacked later so
+// several rows' loads can be in flight before any arithmetic.
+template <bool kFp32>
+struct Raw16 {
+  uint4 w[kFp32 ? 4 : 2];
+};
+
 template <int D, bool kFp32>
-__device__ __forceinline__ void load16(const void* in, int token, int head, int heads, int part, float (&x)[16]) {
+__device__ __forceinline__ void load_raw(const void* in, int token, int head, int heads, int part, Raw16<kFp32>& r) {
   const size_t e = (static_cast<size_t>(token) * heads + head) * D + part * 16;
-  if constexpr (kFp32) {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(in) + e);
+  const uint4* p = kFp32 ? reinterpret_cast<const uint4*>(static_cast<const float*>(in) + e)
+                         : reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(in) + e);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float4 v = p[i];
-      x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
-    }
-  } else {
-    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(in) + e);
+  for (int i = 0; i < (kFp32 ? 4 : 2); ++i) r.w[i] = p[i];
+}
+
+template <bool kFp32>
+__device__ __forceinline__ void unpack(const Raw16<kFp32>& r, float (&x)[16]) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const uint4 v = p[i];
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  for (int i = 0; i < (kFp32 ? 4 : 2); ++i) {
+    const uint32_t w[4] = {r.w[i].x, r.w[i].y, r.w[i].z, r.w[i].w};
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (kFp32) {
+        x[4 * i + j] = __uint_as_float(w[j]);
+      } else {
         x[8 * i + 2 * j] = __uint_as_float(w[j] << 16);
         x[8 * i + 2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
       }
     }
   }
+}
+
+template <int D, bool kFp32>
+__device__ __forceinline__ void load16(const void* in, int token, int head, int heads, int part, float (&x)[16]) {
+  Raw16<kFp32> r;
+  load_raw<D, kFp32>(in, token, head, heads, part, r);
+  unpack<kFp32>(r, x);
 }
 
 // Max over the `lanes` lanes of an aligned group (lanes divides 32).
@@ -79,47 +93,37 @@ __device__ __forceinline__ void store_main_row(const WriteParams& p, int kv, siz
   }
 }
 
-template <Format F, int D, bool kFp32>
-__global__ void __launch_bounds__(kThreads) write_rows_kernel(const WriteParams p) {
+// One row unit = (token, head, K|V) x the lane's 16 elements; units are dealt grid-stride, two per
+// iteration with both loads issued first. In per_block_head mode this kernel only writes the sink
+// rows, so it reads the slot before deciding to load a row at all.
+template <Format F, int D, bool kFp32, bool kSinkOnly>
+__device__ __forceinline__ void write_row(const WriteParams& p, long long unit, bool live, int32_t slot,
+                                          const Raw16<kFp32>& raw) {
   constexpr int L = D / 16;
-  const long long total = static_cast<long long>(p.n) * p.heads * 2 * L;
-  for (long long gid = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; gid - threadIdx.x % 32 < total;
-       gid += static_cast<long long>(gridDim.x) * kThreads) {
-    // Whole warps iterate together so the row shuffles always have all 32 lanes.
-    const bool live = gid < total;
-    const long long row = live ? gid / L : 0;
-    const int part = static_cast<int>(gid % L);
-    const int kv = static_cast<int>(row % 2);
-    const int head = static_cast<int>((row / 2) % p.heads);
-    const int token = static_cast<int>(row / 2 / p.heads);
-    float x[16];
-    int32_t slot = -1;
-    if (live) {
-      load16<D, kFp32>(p.in[kv], token, head, p.heads, part, x);
-      slot = p.slots[token];
-    } else {
+  const long long row = unit / L;
+  const int part = static_cast<int>(unit % L);
+  const int kv = static_cast<int>(row % 2);
+  const int head = static_cast<int>((row / 2) % p.heads);
+  float x[16];
+  unpack<kFp32>(raw, x);
+  const bool per_token = !kSinkOnly && p.quantized && p.granularity == static_cast<int>(ScaleGranularity::kPerTokenHead);
+  float amax = 0.f;
+  if (per_token) {  // every lane of the warp takes part in the shuffles
 #pragma unroll
-      for (int i = 0; i < 16; ++i) x[i] = 0.f;
-    }
-    const bool is_sink = live && slot < 0;
-    const bool per_token = p.quantized && p.granularity == static_cast<int>(ScaleGranularity::kPerTokenHead);
-    float amax = 0.f;
-    if (per_token) {
-#pragma unroll
-      for (int i = 0; i < 16; ++i) amax = fmaxf(amax, finite_abs(x[i]));
-      amax = group_max(amax, L);
-    }
-    if (!live) continue;
-    if (is_sink) {
-      const int s = -slot - 1, page = s / p.block_size, ss = s % p.block_size;
-      const size_t e = ((static_cast<size_t>(page) * p.heads + head) * p.block_size + ss) * D + part * 16;
-      uint4 lo, hi;
-      store16x16<Format::kBf16>(x, lo, hi);
-      uint4* dst = reinterpret_cast<uint4*>(p.sink[kv] + e);
-      dst[0] = lo, dst[1] = hi;
-      continue;
-    }
-    if (p.quantized && p.granularity == static_cast<int>(ScaleGranularity::kPerBlockHead)) continue;
+    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, finite_abs(x[i]));
+    amax = group_max(amax, L);
+  }
+  if (!live) return;
+  if (slot < 0) {
+    const int s = -slot - 1, page = s / p.block_size, ss = s % p.block_size;
+    const size_t e = ((static_cast<size_t>(page) * p.heads + head) * p.block_size + ss) * D + part * 16;
+    uint4 lo, hi;
+    store16x16<Format::kBf16>(x, lo, hi);
+    uint4* dst = reinterpret_cast<uint4*>(p.sink[kv] + e);
+    dst[0] = lo, dst[1] = hi;
+    return;
+  }
+  if constexpr (!kSinkOnly) {
     const int page = slot / p.block_size, ss = slot % p.block_size;
     const size_t head_row = (static_cast<size_t>(page) * p.heads + head) * p.block_size + ss;
     float scale = 1.f;
@@ -130,6 +134,32 @@ __global__ void __launch_bounds__(kThreads) write_rows_kernel(const WriteParams 
       scale = p.scales[kv][0];
     }
     store_main_row<F, D>(p, kv, head_row * D, part, x, scale);
+  }
+}
+
+template <Format F, int D, bool kFp32, bool kSinkOnly>
+__global__ void __launch_bounds__(kThreads) write_rows_kernel(const WriteParams p) {
+  constexpr int L = D / 16;
+  const long long total = static_cast<long long>(p.n) * p.heads * 2 * L;
+  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  const long long gid = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x;
+  auto token_of = [&](long long unit) { return static_cast<int>(unit / L / 2 / p.heads); };
+  auto load = [&](long long unit, int32_t slot, Raw16<kFp32>& r) {
+    const long long row = unit / L;
+    load_raw<D, kFp32>(p.in[row % 2], token_of(unit), static_cast<int>((row / 2) % p.heads), p.heads,
+                       static_cast<int>(unit % L), r);
+    (void)slot;
+  };
+  // All threads run the same number of iterations (warp-uniform shuffles).
+  for (long long base = 0; base < total; base += 2 * stride) {
+    const long long ua = base + gid, ub = base + stride + gid;
+    const bool la = ua < total, lb = ub < total;
+    const int32_t sa = la ? p.slots[token_of(ua)] : 0, sb = lb ? p.slots[token_of(ub)] : 0;
+    Raw16<kFp32> ra{}, rb{};
+    if (la && (!kSinkOnly || sa < 0)) load(ua, sa, ra);
+    if (lb && (!kSinkOnly || sb < 0)) load(ub, sb, rb);
+    write_row<F, D, kFp32, kSinkOnly>(p, ua, la && (!kSinkOnly || sa < 0), sa, ra);
+    write_row<F, D, kFp32, kSinkOnly>(p, ub, lb && (!kSinkOnly || sb < 0), sb, rb);
   }
 }
 
@@ -168,15 +198,20 @@ __global__ void tensor_scale_finalize_kernel(const WriteParams p, Format f) {
     if (p.scales[kv][0] == 0.f) p.scales[kv][0] = device_scale_for_amax(f, __uint_as_float(p.ws[kv]));
 }
 
+// per_block_head: warp w of a CTA looks for runs starting among tokens
+// [(4 * blockIdx.x + w) * bs, + bs); a run is <= bs tokens of one page. Each pass issues all of a
+// lane's loads (up to kMaxPass rows) before using them.
 template <Format F, int D, bool kFp32>
 __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WriteParams p) {
-  constexpr int L = D / 16, kRowsPerPass = 32 / L;
+  constexpr int L = D / 16, kRowsPerPass = 32 / L, kMaxPass = kFp32 ? 4 : 8;
+  constexpr int kChunk = kMaxPass * kRowsPerPass;
   const int head = blockIdx.y, kv = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r = lane / L, part = lane % L;
   const int bs = p.block_size;
-  for (int c = 0; c < kSegWindow / 4; ++c) {
-    const int i = blockIdx.x * kSegWindow + warp * (kSegWindow / 4) + c;
+  const int window0 = (blockIdx.x * 4 + warp) * bs;
+  for (int c = 0; c < bs; ++c) {
+    const int i = window0 + c;
     if (i >= p.n) return;
     const int32_t slot = p.slots[i];
     if (slot < 0) continue;
@@ -192,11 +227,22 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
       ++len;
     }
     float amax = 0.f;
-    for (int rr = r; rr < len; rr += kRowsPerPass) {
-      float x[16];
-      load16<D, kFp32>(p.in[kv], i + rr, head, p.heads, part, x);
+    for (int c0 = 0; c0 < len; c0 += kChunk) {
+      Raw16<kFp32> raw[kMaxPass];
 #pragma unroll
-      for (int e = 0; e < 16; ++e) amax = fmaxf(amax, finite_abs(x[e]));
+      for (int q = 0; q < kMaxPass; ++q) {
+        const int rr = c0 + r + q * kRowsPerPass;
+        if (rr < len) load_raw<D, kFp32>(p.in[kv], i + rr, head, p.heads, part, raw[q]);
+      }
+#pragma unroll
+      for (int q = 0; q < kMaxPass; ++q) {
+        if (c0 + r + q * kRowsPerPass < len) {
+          float x[16];
+          unpack<kFp32>(raw[q], x);
+#pragma unroll
+          for (int e = 0; e < 16; ++e) amax = fmaxf(amax, finite_abs(x[e]));
+        }
+      }
     }
     amax = group_max(amax, 32);
     const size_t ph = static_cast<size_t>(page) * p.heads + head;
@@ -213,31 +259,66 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
       if (amax > old_amax) {
         scale = device_scale_for_amax(F, amax);
         // Re-quantize the page head's earlier slots with the grown scale.
-        for (int rr = r; rr < slot0; rr += kRowsPerPass) {
-          uint8_t* code = p.codes[kv] + (ph * bs + rr) * D + part * 16;
-          const uint4 c4 = *reinterpret_cast<const uint4*>(code);
-          const uint32_t w[4] = {c4.x, c4.y, c4.z, c4.w};
-          float x[16];
+        for (int c0 = 0; c0 < slot0; c0 += kChunk) {
+          uint4 codes[kMaxPass];
 #pragma unroll
-          for (int e = 0; e < 16; ++e) x[e] = dequant1<F>((w[e / 4] >> (8 * (e % 4))) & 0xffu, old_scale);
-          *reinterpret_cast<uint4*>(code) = quantize16<F>(x, scale);
+          for (int q = 0; q < kMaxPass; ++q) {
+            const int rr = c0 + r + q * kRowsPerPass;
+            if (rr < slot0) codes[q] = *reinterpret_cast<const uint4*>(p.codes[kv] + (ph * bs + rr) * D + part * 16);
+          }
+#pragma unroll
+          for (int q = 0; q < kMaxPass; ++q) {
+            const int rr = c0 + r + q * kRowsPerPass;
+            if (rr < slot0) {
+              const uint32_t w[4] = {codes[q].x, codes[q].y, codes[q].z, codes[q].w};
+              float x[16];
+#pragma unroll
+              for (int e = 0; e < 16; ++e) x[e] = dequant1<F>((w[e / 4] >> (8 * (e % 4))) & 0xffu, old_scale);
+              *reinterpret_cast<uint4*>(p.codes[kv] + (ph * bs + rr) * D + part * 16) = quantize16<F>(x, scale);
+            }
+          }
         }
         __syncwarp();
         if (lane == 0) *amax_slot = amax, *scale_slot = scale;
       }
     }
-    for (int rr = r; rr < len; rr += kRowsPerPass) {
-      float x[16];
-      load16<D, kFp32>(p.in[kv], i + rr, head, p.heads, part, x);
-      *reinterpret_cast<uint4*>(p.codes[kv] + (ph * bs + slot0 + rr) * D + part * 16) = quantize16<F>(x, scale);
+    for (int c0 = 0; c0 < len; c0 += kChunk) {
+      Raw16<kFp32> raw[kMaxPass];
+#pragma unroll
+      for (int q = 0; q < kMaxPass; ++q) {
+        const int rr = c0 + r + q * kRowsPerPass;
+        if (rr < len) load_raw<D, kFp32>(p.in[kv], i + rr, head, p.heads, part, raw[q]);
+      }
+#pragma unroll
+      for (int q = 0; q < kMaxPass; ++q) {
+        const int rr = c0 + r + q * kRowsPerPass;
+        if (rr < len) {
+          float x[16];
+          unpack<kFp32>(raw[q], x);
+          *reinterpret_cast<uint4*>(p.codes[kv] + (ph * bs + slot0 + rr) * D + part * 16) = quantize16<F>(x, scale);
+        }
+      }
     }
   }
+}
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+      cudaGetLastError();
+      return 132;
+    }
+    return v;
+  }();
+  return n;
 }
 
 template <Format F, int D, bool kFp32>
 Status launch_all(const WriteParams& p, cudaStream_t stream, bool per_tensor, bool per_block, Format f) {
   const long long threads = static_cast<long long>(p.n) * p.heads * 2 * (D / 16);
-  const int blocks = static_cast<int>(std::min<long long>((threads + kThreads - 1) / kThreads, 1 << 20));
+  // Enough CTAs to fill the chip a few times over; each thread then walks the rows grid-stride.
+  const int blocks = static_cast<int>(std::clamp<long long>((threads + 2 * kThreads - 1) / (2 * kThreads), 1, sm_count() * 16));
   if (per_tensor) {
     KVQ_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(p.ws, 0, 3 * sizeof(unsigned), stream), "cuda write: workspace reset"));
     tensor_amax_kernel<D, kFp32><<<std::min(blocks, 4096), kThreads, 0, stream>>>(p);
@@ -245,11 +326,15 @@ Status launch_all(const WriteParams& p, cudaStream_t stream, bool per_tensor, bo
     tensor_scale_finalize_kernel<<<1, 32, 0, stream>>>(p, f);
     KVQ_RETURN_IF_ERROR(launch_status("cuda write: tensor scale kernel"));
   }
-  write_rows_kernel<F, D, kFp32><<<blocks, kThreads, 0, stream>>>(p);
+  if (per_block) {
+    write_rows_kernel<F, D, kFp32, true><<<blocks, kThreads, 0, stream>>>(p);
+  } else {
+    write_rows_kernel<F, D, kFp32, false><<<blocks, kThreads, 0, stream>>>(p);
+  }
   KVQ_RETURN_IF_ERROR(launch_status("cuda write: rows kernel"));
   if (per_block) {
     if constexpr (F != Format::kBf16 && F != Format::kFp16) {
-      const dim3 grid((p.n + kSegWindow - 1) / kSegWindow, p.heads, 2);
+      const dim3 grid((p.n + 4 * p.block_size - 1) / (4 * p.block_size), p.heads, 2);
       write_segments_kernel<F, D, kFp32><<<grid, kThreads, 0, stream>>>(p);
       KVQ_RETURN_IF_ERROR(launch_status("cuda write: page-head kernel"));
     }
