@@ -111,6 +111,7 @@ Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& s
   std::vector<int32_t> targets(static_cast<size_t>(chunk));
   std::vector<RowComparison> rows;
 
+  const auto pass_start = Clock::now();
   EvalProgress prog;
   prog.pass = pass;
   prog.num_windows = static_cast<int>(windows_.size());
@@ -166,6 +167,7 @@ Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& s
       }
       if (progress_) {
         prog.elapsed_s = seconds_since(start_);
+        prog.pass_elapsed_s = seconds_since(pass_start);
         progress_(prog);
       }
     }
@@ -179,6 +181,7 @@ Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& s
     prog.window = static_cast<int>(wi + 1);
     if (progress_) {
       prog.elapsed_s = seconds_since(start_);
+      prog.pass_elapsed_s = seconds_since(pass_start);
       progress_(prog);
     }
   }

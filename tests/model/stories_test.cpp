@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -176,6 +177,21 @@ TEST_F(Stories, RunnerRejectsBadInput) {
   EXPECT_EQ(runner.value()->position(), 32);
   EXPECT_EQ(runner.value()->forward(many.data(), 1, nullptr).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Runner::create(*model_, spec_of(Format::kBf16), 513).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ModelPaths, AliasesResolveOrExplain) {
+  auto s = resolve_model_path("stories260K");
+  ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+  EXPECT_NE(s.value().find("stories260K.bin"), std::string::npos);
+  const char* old = std::getenv("KVQ_CACHE_DIR");
+  std::string saved = old ? old : "";
+  setenv("KVQ_CACHE_DIR", "/nonexistent/kvq-cache", 1);
+  EXPECT_EQ(cache_dir(), "/nonexistent/kvq-cache");
+  auto m = resolve_model_path("smollm2");
+  EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(m.status().message().find("kvq pull smollm2"), std::string::npos) << m.status().to_string();
+  if (old) setenv("KVQ_CACHE_DIR", saved.c_str(), 1); else unsetenv("KVQ_CACHE_DIR");
+  EXPECT_EQ(resolve_model_path("/nonexistent/x.gguf").status().code(), StatusCode::kNotFound);
 }
 
 }  // namespace

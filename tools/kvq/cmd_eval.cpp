@@ -72,12 +72,11 @@ class Progress {
       return;
     }
     const double frac = p.total > 0 ? static_cast<double>(p.done) / static_cast<double>(p.total) : 0.0;
-    const double eta = frac > 0 && p.elapsed_s > 0 ? (p.elapsed_s - pass_start_) * (1 - frac) / frac : 0;
     if (p.pass != pass_) {
       pass_ = p.pass;
-      pass_start_ = p.elapsed_s;
       last_window_ = -1;
     }
+    const double eta = frac > 0 ? p.pass_elapsed_s * (1 - frac) / frac : 0;
     if (tty_) {
       const int width = 30, fill = static_cast<int>(frac * width);
       std::fprintf(stderr, "\r[%s%s] pass %d  window %d/%d  %3.0f%%  %.0fs elapsed, ~%.0fs left ",
@@ -85,14 +84,15 @@ class Progress {
                    std::min(p.window + 1, p.num_windows), p.num_windows, 100 * frac, p.elapsed_s, eta);
       std::fflush(stderr);
       drawn_ = true;
-    } else if (p.window != last_window_) {
+    } else if (p.window != last_window_ || p.elapsed_s - last_line_s_ >= 30) {
       last_window_ = p.window;
-      std::fprintf(stderr, "eval: pass %d: %d/%d windows done (%.0f%%), %.1f s\n", p.pass, p.window,
-                   p.num_windows, 100 * frac, p.elapsed_s);
+      last_line_s_ = p.elapsed_s;
+      std::fprintf(stderr, "eval: pass %d: %d/%d windows done (%.0f%%), %.0f s elapsed, ~%.0f s left\n", p.pass,
+                   p.window, p.num_windows, 100 * frac, p.elapsed_s, eta);
     }
   }
   void clear() {
-    if (drawn_) std::fprintf(stderr, "\r%80s\r", "");
+    if (drawn_) std::fprintf(stderr, "\r%100s\r", "");
     drawn_ = false;
   }
 
@@ -100,7 +100,7 @@ class Progress {
   bool quiet_, tty_;
   bool drawn_ = false;
   int pass_ = 0, last_window_ = -1;
-  double pass_start_ = 0;
+  double last_line_s_ = 0;
 };
 
 int run_eval_cmd(const EvalCli& o) {

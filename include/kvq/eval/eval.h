@@ -35,6 +35,7 @@ struct EvalProgress {
   int num_windows = 0;
   int64_t done = 0, total = 0;  // tokens forwarded by all runners of this pass, done / planned
   double elapsed_s = 0;     // since run_eval started
+  double pass_elapsed_s = 0;  // since this pass started
   std::string note;         // a line worth printing (auto decisions); empty for plain progress
 };
 using ProgressFn = std::function<void(const EvalProgress&)>;

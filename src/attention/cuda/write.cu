@@ -203,7 +203,7 @@ __global__ void tensor_scale_finalize_kernel(const WriteParams p, Format f) {
 // lane's loads (up to kMaxPass rows) before using them.
 template <Format F, int D, bool kFp32>
 __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WriteParams p) {
-  constexpr int L = D / 16, kRowsPerPass = 32 / L, kMaxPass = kFp32 ? 4 : 8;
+  constexpr int L = D / 16, kRowsPerPass = 32 / L, kMaxPass = 4;
   constexpr int kChunk = kMaxPass * kRowsPerPass;
   const int head = blockIdx.y, kv = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
