@@ -280,7 +280,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& path, const std::s
     f.read(magic, 4);
   }
   auto m = ModelLoaderAccess::make();
-  // llama2.c's newer export versions start with "ak42" (0x616b3432 little endian).
+  // llama2.c export versions 1+ start with the u32 magic 0x616b3432, bytes "24ka" on disk.
   if (std::memcmp(magic, "24ka", 4) == 0)
     return unsupported("'" + path + "' is a llama2.c export of version 1 or later; kvq reads the legacy version-0 format");
   Status s = std::memcmp(magic, "GGUF", 4) == 0 ? load_gguf(path, *m) : load_llama2c(path, tokenizer_path, *m);

@@ -287,7 +287,7 @@ TEST(Llama2cLoader, RejectsBrokenCheckpoints) {
   EXPECT_EQ(with_header(5, -512).code(), StatusCode::kCorruptInput);        // untied: file too short
   EXPECT_EQ(with_header(6, -1).code(), StatusCode::kCorruptInput);          // negative context
   std::vector<uint8_t> v1 = b;
-  std::memcpy(v1.data(), "ak42", 4);  // the newer llama2.c export versions
+  std::memcpy(v1.data(), "24ka", 4);  // magic 0x616b3432 of the newer llama2.c export versions
   Status sv = status_of(v1);
   EXPECT_EQ(sv.code(), StatusCode::kUnsupported) << sv.to_string();
 }

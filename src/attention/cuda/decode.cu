@@ -18,21 +18,15 @@ ScaleMode scale_mode(const cache::CacheGeometry& g) {
   return g.granularity == ScaleGranularity::kPerTensor ? ScaleMode::kTensor : ScaleMode::kToken;
 }
 
-detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g) {
+detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g, int variant = 0) {
   switch (g.format) {
     case Format::kBf16:
     case Format::kFp16: return detail::decode_kernel_16bit(g.format, g.head_dim);
     case Format::kFp8E4m3:
-    case Format::kFp8E4m3Fnuz: return detail::decode_kernel_fp8(g.head_dim, scale_mode(g));
-    case Format::kInt8: return detail::decode_kernel_int8(g.head_dim, scale_mode(g));
+    case Format::kFp8E4m3Fnuz: return detail::decode_kernel_fp8(g.head_dim, scale_mode(g), variant);
+    case Format::kInt8: return detail::decode_kernel_int8(g.head_dim, scale_mode(g), variant);
     default: return {};
   }
-}
-
-// Kernels with more than 48 KB of dynamic shared memory must opt in; idempotent and cheap.
-Status prepare(const detail::DecodeKernelFn& k) {
-  return detail::cuda_status(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.dyn_smem),
-                             "cuda decode: raising the shared memory limit");
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -87,10 +81,10 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   p.num_seqs = a.tables.num_seqs;
   p.num_q_heads = a.num_q_heads;
   p.max_tokens = (a.tables.max_blocks + a.tables.max_sink_blocks) * a.geom.block_size;
-  const detail::DecodeKernelFn kern = kernel_for(a.geom);
-  KVQ_RETURN_IF_ERROR(prepare(kern));
+  p.variant = opts.variant;
+  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.variant);
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.fn, detail::kDecodeThreads, kern.dyn_smem) != cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.fn, detail::kDecodeThreads, 0) != cudaSuccess ||
       occ < 1) {
     cudaGetLastError();
     occ = 2;
@@ -160,9 +154,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   }
   const dim3 grid(p.num_splits, g.num_kv_heads * p.head_groups, a.tables.num_seqs);
   if (grid.y > 65535) return unsupported("cuda decode: too many kv heads x head groups for one launch");
-  const detail::DecodeKernelFn kern = kernel_for(g);
-  KVQ_RETURN_IF_ERROR(prepare(kern));
-  kern.fn<<<grid, detail::kDecodeThreads, kern.dyn_smem, stream>>>(k);
+  kernel_for(g, p.variant).fn<<<grid, detail::kDecodeThreads, 0, stream>>>(k);
   KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;

@@ -6,19 +6,26 @@ namespace kvq::attention::cuda::detail {
 
 struct DecodeKernelFn {
   void (*fn)(DecodeParams) = nullptr;
-  int dyn_smem = 0;  // bytes of dynamic shared memory the launch needs
   explicit operator bool() const { return fn != nullptr; }
 };
-
-template <Format F, int D, ScaleMode SM>
-DecodeKernelFn decode_instance() {
-  return {decode_kernel<F, D, SM>, decode_dyn_smem_bytes<F, D, SM>()};
-}
 using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 
-// nullptr for a head_dim without an instance.
-DecodeKernelFn decode_kernel_fp8(int head_dim, ScaleMode sm);
-DecodeKernelFn decode_kernel_int8(int head_dim, ScaleMode sm);
+// Occupancy target per instance: 8-bit caches with head_dim <= 128 are capped at 128 registers
+// (4 CTAs = 16 warps per SM); `variant` 1 lifts the cap (3 CTAs, no spills) for comparisons.
+template <Format F, int D, ScaleMode SM>
+DecodeKernelFn decode_instance(int variant) {
+  constexpr bool k8bit = F != Format::kBf16 && F != Format::kFp16;
+  if constexpr (k8bit && D <= 128) {
+    if (variant == 1) return {decode_kernel<F, D, SM, 1>};
+    return {decode_kernel<F, D, SM, 4>};
+  } else {
+    return {decode_kernel<F, D, SM, 1>};
+  }
+}
+
+// An empty DecodeKernelFn for a head_dim without an instance.
+DecodeKernelFn decode_kernel_fp8(int head_dim, ScaleMode sm, int variant);
+DecodeKernelFn decode_kernel_int8(int head_dim, ScaleMode sm, int variant);
 DecodeKernelFn decode_kernel_16bit(Format f, int head_dim);
 MergeKernelFn decode_merge_kernel_for(int head_dim);
 

@@ -105,52 +105,10 @@ struct TileShape {
   static constexpr int kBytes = Path<F>::kBytes;
   static constexpr int kKWords = D * kBytes / 16;  // lane's share of one K row
   static constexpr int kVWords = D * kBytes / 32;  // lane's share of one V row
+  static constexpr int kWordsPerTile = kKWords + 2 * kVWords + 4;
+  static constexpr int kNT = kWordsPerTile <= 12 ? 4 : kWordsPerTile <= 24 ? 2 : 1;
+  static constexpr bool kPrefetch = kWordsPerTile * kNT <= 48;
 };
-
-// Loads go through a per-warp ring of kStages shared-memory stages (cp.async, 16-byte units of
-// 32 lanes = 512 bytes); each lane reads back only what it copied, so no barrier is needed. A stage
-// holds a bundle of kNT tiles; kStages - 1 bundles are in flight while one is computed.
-constexpr int kStages = 3;
-
-template <Format F, int D, ScaleMode SM>
-struct Pipe {
-  static constexpr int kKUnits = TileShape<F, D>::kKWords / 4;
-  static constexpr int kVUnits = TileShape<F, D>::kVWords == 2 ? 1 : TileShape<F, D>::kVWords / 2;  // both tokens
-  static constexpr int kSUnits = SM == ScaleMode::kToken ? 1 : 0;
-  static constexpr int kU = kKUnits + kVUnits + kSUnits;  // units per tile
-  static constexpr int kNT = 10 / kU > 0 ? 10 / kU : 1;   // ~5 KB per warp and stage
-  static constexpr int kStageUnits = kNT * kU;
-};
-
-// Units per stage of a kernel whose main part is F (its sink part is bf16 without scales).
-template <Format F, int D, ScaleMode SM>
-constexpr int stage_units() {
-  constexpr int a = Pipe<F, D, SM>::kStageUnits, b = Pipe<Format::kBf16, D, ScaleMode::kNone>::kStageUnits;
-  return a > b ? a : b;
-}
-
-template <Format F, int D, ScaleMode SM>
-constexpr int decode_dyn_smem_bytes() {
-  constexpr int ring = kDecodeWarps * kStages * stage_units<F, D, SM>() * 512;
-  constexpr int combine = kDecodeWarps * kMaxGroupPerCta * D * 4;  // reuses the ring at the end
-  return ring > combine ? ring : combine;
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void cp_async16(void* s, const void* g) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(s)), "l"(g) : "memory");
-}
-__device__ __forceinline__ void cp_async8(void* s, const void* g) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(s)), "l"(g) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void* s, const void* g) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(s)), "l"(g) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 template <Format F, int D>
 struct Payload {
@@ -179,68 +137,41 @@ struct PartArgs {
   float lvconst;         // log2 of the constant V factor
 };
 
-// Starts the copies of one tile's K/V (and per-token scales) into this lane's units of a stage.
 template <Format F, int D, ScaleMode SM>
-__device__ __forceinline__ void issue_tile(const DecodeParams& p, const PartArgs& a, int kv_head, int tile, int page,
-                                           int lane, uint4* units) {
-  using S = Pipe<F, D, SM>;
+__device__ __forceinline__ void load_tile(const DecodeParams& p, const PartArgs& a, int kv_head, int tile, int page,
+                                          int lane, Payload<F, D>& pl) {
   constexpr int kB = Path<F>::kBytes;
   constexpr size_t kRow = static_cast<size_t>(D) * kB;
-  constexpr int kVW = TileShape<F, D>::kVWords;
   const int g = lane >> 2, t = lane & 3;
   const int slot0 = (tile * kTileTokens) % p.block_size;
   const size_t head_base = (static_cast<size_t>(page) * p.num_kv_heads + kv_head) * p.block_size + slot0;
   const uint8_t* krow = a.k + (head_base + g) * kRow;
 #pragma unroll
-  for (int j = 0; j < S::kKUnits; ++j) cp_async16(&units[j * 32 + lane], krow + (t + 4 * j) * 16);
-  const uint8_t* va = a.v + (head_base + 2 * t) * kRow + g * (kVW * 4);
-  const uint8_t* vb = va + kRow;
-  uint4* vu = units + S::kKUnits * 32;
-  if constexpr (kVW == 2) {
-    cp_async8(&vu[lane], va);
-    cp_async8(reinterpret_cast<uint8_t*>(&vu[lane]) + 8, vb);
-  } else {
-#pragma unroll
-    for (int j = 0; j < kVW / 4; ++j) {
-      cp_async16(&vu[j * 32 + lane], va + 16 * j);
-      cp_async16(&vu[(kVW / 4 + j) * 32 + lane], vb + 16 * j);
-    }
-  }
-  if constexpr (SM == ScaleMode::kToken) {
-    const size_t si = (static_cast<size_t>(page) * p.num_kv_heads + kv_head) * p.scale_head_stride +
-                      static_cast<size_t>(slot0 + 2 * t) * p.scale_slot_mul;
-    float* su = reinterpret_cast<float*>(&units[(S::kKUnits + S::kVUnits) * 32 + lane]);
-    cp_async4(su, a.ks + si);
-    cp_async4(su + 1, a.ks + si + p.scale_slot_mul);
-    cp_async4(su + 2, a.vs + si);
-    cp_async4(su + 3, a.vs + si + p.scale_slot_mul);
-  }
-}
-
-template <Format F, int D, ScaleMode SM>
-__device__ __forceinline__ void read_tile(const uint4* units, int lane, Payload<F, D>& pl) {
-  using S = Pipe<F, D, SM>;
-  constexpr int kVW = TileShape<F, D>::kVWords;
-#pragma unroll
-  for (int j = 0; j < S::kKUnits; ++j) {
-    const uint4 w = units[j * 32 + lane];
+  for (int j = 0; j < TileShape<F, D>::kKWords / 4; ++j) {
+    const uint4 w = ld_stream_v4(krow + (t + 4 * j) * 16);
     pl.k[4 * j] = w.x, pl.k[4 * j + 1] = w.y, pl.k[4 * j + 2] = w.z, pl.k[4 * j + 3] = w.w;
   }
-  const uint4* vu = units + S::kKUnits * 32;
+  constexpr int kVW = TileShape<F, D>::kVWords;
+  const uint8_t* va = a.v + (head_base + 2 * t) * kRow + g * (kVW * 4);
+  const uint8_t* vb = va + kRow;
   if constexpr (kVW == 2) {
-    const uint4 w = vu[lane];
-    pl.va[0] = w.x, pl.va[1] = w.y, pl.vb[0] = w.z, pl.vb[1] = w.w;
+    const uint2 x = ld_stream_v2(va), y = ld_stream_v2(vb);
+    pl.va[0] = x.x, pl.va[1] = x.y, pl.vb[0] = y.x, pl.vb[1] = y.y;
   } else {
 #pragma unroll
     for (int j = 0; j < kVW / 4; ++j) {
-      const uint4 x = vu[j * 32 + lane], y = vu[(kVW / 4 + j) * 32 + lane];
+      const uint4 x = ld_stream_v4(va + 16 * j), y = ld_stream_v4(vb + 16 * j);
       pl.va[4 * j] = x.x, pl.va[4 * j + 1] = x.y, pl.va[4 * j + 2] = x.z, pl.va[4 * j + 3] = x.w;
       pl.vb[4 * j] = y.x, pl.vb[4 * j + 1] = y.y, pl.vb[4 * j + 2] = y.z, pl.vb[4 * j + 3] = y.w;
     }
   }
   if constexpr (SM == ScaleMode::kToken) {
-    const float4 sc = *reinterpret_cast<const float4*>(&units[(S::kKUnits + S::kVUnits) * 32 + lane]);
-    pl.ks0 = sc.x, pl.ks1 = sc.y, pl.vs0 = sc.z, pl.vs1 = sc.w;
+    const size_t si = (static_cast<size_t>(page) * p.num_kv_heads + kv_head) * p.scale_head_stride +
+                      static_cast<size_t>(slot0 + 2 * t) * p.scale_slot_mul;
+    pl.ks0 = __ldg(a.ks + si);
+    pl.ks1 = __ldg(a.ks + si + p.scale_slot_mul);
+    pl.vs0 = __ldg(a.vs + si);
+    pl.vs1 = __ldg(a.vs + si + p.scale_slot_mul);
   }
 }
 
@@ -329,63 +260,74 @@ __device__ __forceinline__ void compute_tile(const Payload<F, D>& pl_in, const u
 }
 
 // One part's tiles [tile_begin, tile_end) for this warp: bundles of NT tiles dealt round-robin to
-// the warps; kStages - 1 bundles are being copied while one is computed, and the page ids of the
-// next bundle to copy are loaded one iteration ahead so the copies never wait on the table.
-template <Format F, int D, ScaleMode SM, int kRingUnits>
+// the warps, the next bundle's loads in flight while the current one is computed, page ids one
+// bundle further ahead still.
+template <Format F, int D, ScaleMode SM>
 __device__ __forceinline__ void run_part(const DecodeParams& p, const PartArgs& a, int kv_head, const uint4* qf, int warp,
-                                         int lane, uint4* ring, State<D>& st) {
-  constexpr int NT = Pipe<F, D, SM>::kNT, U = Pipe<F, D, SM>::kU;
+                                         int lane, State<D>& st) {
+  constexpr int NT = TileShape<F, D>::kNT;
   const int n_tiles = a.tile_end - a.tile_begin;
   if (n_tiles <= 0) return;
   const int n_bundles = (n_tiles + NT - 1) / NT;
-  const int nk = (n_bundles - warp + kDecodeWarps - 1) / kDecodeWarps;  // this warp's bundles
-  if (nk <= 0) return;
   const int tiles_per_page = p.block_size / kTileTokens;
-  auto first_tile = [&](int k) { return a.tile_begin + (warp + kDecodeWarps * k) * NT; };
-  auto stage = [&](int k, int i) { return ring + ((k % kStages) * kRingUnits + i * U) * 32; };
-  int pg[NT];
-  auto load_pages = [&](int k) {
+  auto page_of = [&](int tile) { return __ldg(a.table + tile / tiles_per_page); };
+
+  int b = warp;
+  if (b >= n_bundles) return;
+  Payload<F, D> cur[NT];
 #pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      const int tile = first_tile(k) + i;
-      pg[i] = (k < nk && tile < a.tile_end) ? __ldg(a.table + tile / tiles_per_page) : 0;
-    }
-  };
-  auto issue = [&](int k) {
-    if (k >= nk) return;
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      const int tile = first_tile(k) + i;
-      if (tile < a.tile_end) issue_tile<F, D, SM>(p, a, kv_head, tile, pg[i], lane, stage(k, i));
-    }
-  };
-#pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) {
-    load_pages(k);
-    issue(k);
-    cp_async_commit();
+  for (int i = 0; i < NT; ++i) {
+    const int tile = a.tile_begin + b * NT + i;
+    if (tile < a.tile_end) load_tile<F, D, SM>(p, a, kv_head, tile, page_of(tile), lane, cur[i]);
   }
-  load_pages(kStages - 1);
-  for (int k = 0; k < nk; ++k) {
-    issue(k + kStages - 1);  // into the stage computed in the previous iteration
-    cp_async_commit();
-    load_pages(k + kStages);
-    cp_async_wait<kStages - 1>();
+  if constexpr (TileShape<F, D>::kPrefetch) {
+    int next_page[NT];
 #pragma unroll
     for (int i = 0; i < NT; ++i) {
-      const int tile = first_tile(k) + i;
-      if (tile < a.tile_end) {
-        Payload<F, D> pl;
-        read_tile<F, D, SM>(stage(k, i), lane, pl);
-        compute_tile<F, D, SM>(pl, qf, a, tile, lane, st);
+      const int tile = a.tile_begin + (b + kDecodeWarps) * NT + i;
+      next_page[i] = tile < a.tile_end ? page_of(tile) : 0;
+    }
+    for (; b < n_bundles; b += kDecodeWarps) {
+      Payload<F, D> nxt[NT];
+      const int nb = b + kDecodeWarps;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const int tile = a.tile_begin + nb * NT + i;
+        if (tile < a.tile_end) load_tile<F, D, SM>(p, a, kv_head, tile, next_page[i], lane, nxt[i]);
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const int tile = a.tile_begin + (nb + kDecodeWarps) * NT + i;
+        next_page[i] = tile < a.tile_end ? page_of(tile) : 0;
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const int tile = a.tile_begin + b * NT + i;
+        if (tile < a.tile_end) compute_tile<F, D, SM>(cur[i], qf, a, tile, lane, st);
+      }
+#pragma unroll
+      for (int i = 0; i < NT; ++i) cur[i] = nxt[i];
+    }
+  } else {
+    for (;;) {
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const int tile = a.tile_begin + b * NT + i;
+        if (tile < a.tile_end) compute_tile<F, D, SM>(cur[i], qf, a, tile, lane, st);
+      }
+      b += kDecodeWarps;
+      if (b >= n_bundles) break;
+#pragma unroll
+      for (int i = 0; i < NT; ++i) {
+        const int tile = a.tile_begin + b * NT + i;
+        if (tile < a.tile_end) load_tile<F, D, SM>(p, a, kv_head, tile, page_of(tile), lane, cur[i]);
       }
     }
   }
-  cp_async_wait<0>();
 }
 
 // Query fragments of one path: [D/16 mmas][32 lanes] x 4 registers. Lane (g, t), mma M holds head
-// g's query at the head dims whose K bytes lane t feeds to mma M (see Path::k_frag and issue_tile).
+// g's query at the head dims whose K bytes lane t feeds to mma M (see Path::k_frag and load_tile).
 template <int D, int kB, bool kBf16>
 __device__ void build_q_frags(const float* q_rows, int valid_heads, float qscale, uint4* qf, int tid) {
   constexpr int kE = 16 / kB;            // elements per 16-byte chunk
@@ -408,20 +350,21 @@ __device__ void build_q_frags(const float* q_rows, int valid_heads, float qscale
 
 template <int D>
 struct DecodeSmem {
-  uint4 qf[2][(D / 16) * 32];  // query fragments: main path, sink path
+  union {
+    uint4 qf[2][(D / 16) * 32];                      // main path, sink path
+    float o[kDecodeWarps][kMaxGroupPerCta][D];       // per-warp O for the final merge
+  };
   float m[kDecodeWarps][kMaxGroupPerCta];
   float l[kDecodeWarps][kMaxGroupPerCta];
   float mv[kDecodeWarps][kMaxGroupPerCta];
   unsigned qamax_bits;
 };
 
-template <Format F, int D, ScaleMode SM>
-__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodeParams p) {
+// kMinCtas > 0 caps the registers so that many CTAs fit on an SM: more warps, hence more loads in
+// flight, at the price of a few spilled loop invariants (docs/GPU_NOTES.md has the measurements).
+template <Format F, int D, ScaleMode SM, int kMinCtas>
+__global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const DecodeParams p) {
   __shared__ DecodeSmem<D> sm;
-  extern __shared__ uint4 dyn_smem[];  // the cp.async rings, then the per-warp O for the merge
-  constexpr int kRingUnits = stage_units<F, D, SM>();
-  uint4* ring = dyn_smem + (threadIdx.x / 32) * kStages * kRingUnits * 32;
-  auto o_smem = reinterpret_cast<float(*)[kMaxGroupPerCta][D]>(dyn_smem);
   const int split = blockIdx.x;
   const int kv_head = blockIdx.y / p.head_groups, hg = blockIdx.y % p.head_groups;
   const int seq = blockIdx.z;
@@ -487,7 +430,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
     a.n_tokens = sink_len;
     a.tile_begin = t0, a.tile_end = min(t1, n_sink_tiles);
     a.kconst = unscale, a.lvconst = 0.f;
-    run_part<Format::kBf16, D, ScaleMode::kNone, kRingUnits>(p, a, kv_head, sm.qf[1], warp, lane, ring, st);
+    run_part<Format::kBf16, D, ScaleMode::kNone>(p, a, kv_head, sm.qf[1], warp, lane, st);
   }
   if (t1 > n_sink_tiles) {
     PartArgs a;
@@ -503,13 +446,13 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
     } else if constexpr (SM == ScaleMode::kToken) {
       a.lvconst = p.fnuz_factor;  // compute_tile takes log2(v scale * this)
     }
-    run_part<F, D, SM, kRingUnits>(p, a, kv_head, sm.qf[0], warp, lane, ring, st);
+    run_part<F, D, SM>(p, a, kv_head, sm.qf[0], warp, lane, st);
   }
 
   // Merge the warps. l is summed over the 4 lanes that share a head.
   st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
   st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
-  __syncthreads();  // every warp is done with its ring (o_smem reuses it)
+  __syncthreads();  // everyone is done with the query fragments (union with o)
   {
     const int g = lane >> 2, t = lane & 3;
     if (t == 0) {
@@ -520,8 +463,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
     const int base = g * (D / 8);
 #pragma unroll
     for (int jj = 0; jj < D / 16; ++jj) {
-      *reinterpret_cast<float2*>(&o_smem[warp][2 * t][base + 2 * jj]) = make_float2(st.o[jj][0], st.o[jj][2]);
-      *reinterpret_cast<float2*>(&o_smem[warp][2 * t + 1][base + 2 * jj]) = make_float2(st.o[jj][1], st.o[jj][3]);
+      *reinterpret_cast<float2*>(&sm.o[warp][2 * t][base + 2 * jj]) = make_float2(st.o[jj][0], st.o[jj][2]);
+      *reinterpret_cast<float2*>(&sm.o[warp][2 * t + 1][base + 2 * jj]) = make_float2(st.o[jj][1], st.o[jj][3]);
     }
   }
   __syncthreads();
@@ -536,7 +479,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const DecodePara
     for (int w = 0; w < kDecodeWarps; ++w) {
       L += sm.l[w][h] * exp2f(sm.m[w][h] - M_use);
       const float mvw = sm.mv[w][h];
-      num += mvw == kNegInf ? 0.f : o_smem[w][h][d] * exp2f(mvw - M_use);
+      num += mvw == kNegInf ? 0.f : sm.o[w][h][d] * exp2f(mvw - M_use);
     }
     // L == 0 only for an empty split; a NaN from a bad read must reach the output.
     const float res = L == 0.f ? 0.f : num / L;

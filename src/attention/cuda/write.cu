@@ -144,22 +144,35 @@ __global__ void __launch_bounds__(kThreads) write_rows_kernel(const WriteParams 
   const long long stride = static_cast<long long>(gridDim.x) * kThreads;
   const long long gid = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x;
   auto token_of = [&](long long unit) { return static_cast<int>(unit / L / 2 / p.heads); };
-  auto load = [&](long long unit, int32_t slot, Raw16<kFp32>& r) {
-    const long long row = unit / L;
-    load_raw<D, kFp32>(p.in[row % 2], token_of(unit), static_cast<int>((row / 2) % p.heads), p.heads,
-                       static_cast<int>(unit % L), r);
-    (void)slot;
+  struct Unit {
+    bool live;
+    int32_t slot;
+    Raw16<kFp32> raw;
   };
+  // The slot decides (per_block_head) whether the row is read at all; loading it first costs
+  // one dependent L1/L2 hit, and the next units' loads are in flight while this one is processed.
+  auto fetch = [&](long long unit, Unit& u) {
+    const bool in = unit < total;
+    u.slot = in ? p.slots[token_of(unit)] : 0;
+    u.live = in && (!kSinkOnly || u.slot < 0);
+    if (u.live) {
+      const long long row = unit / L;
+      load_raw<D, kFp32>(p.in[row % 2], token_of(unit), static_cast<int>((row / 2) % p.heads), p.heads,
+                         static_cast<int>(unit % L), u.raw);
+    }
+  };
+  Unit a{}, b{};
+  fetch(gid, a);
+  fetch(gid + stride, b);
   // All threads run the same number of iterations (warp-uniform shuffles).
   for (long long base = 0; base < total; base += 2 * stride) {
-    const long long ua = base + gid, ub = base + stride + gid;
-    const bool la = ua < total, lb = ub < total;
-    const int32_t sa = la ? p.slots[token_of(ua)] : 0, sb = lb ? p.slots[token_of(ub)] : 0;
-    Raw16<kFp32> ra{}, rb{};
-    if (la && (!kSinkOnly || sa < 0)) load(ua, sa, ra);
-    if (lb && (!kSinkOnly || sb < 0)) load(ub, sb, rb);
-    write_row<F, D, kFp32, kSinkOnly>(p, ua, la && (!kSinkOnly || sa < 0), sa, ra);
-    write_row<F, D, kFp32, kSinkOnly>(p, ub, lb && (!kSinkOnly || sb < 0), sb, rb);
+    Unit na{}, nb{};
+    fetch(base + 2 * stride + gid, na);
+    fetch(base + 3 * stride + gid, nb);
+    write_row<F, D, kFp32, kSinkOnly>(p, base + gid, a.live, a.slot, a.raw);
+    write_row<F, D, kFp32, kSinkOnly>(p, base + stride + gid, b.live, b.slot, b.raw);
+    a = na;
+    b = nb;
   }
 }
 
@@ -210,22 +223,30 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
   const int r = lane / L, part = lane % L;
   const int bs = p.block_size;
   const int window0 = (blockIdx.x * 4 + warp) * bs;
+  // Lane l looks at tokens window0 + l and window0 + 32 + l: does a run of main-pool tokens in one
+  // page end before it (a sink token, another page, the end of the call)? Runs start at such
+  // breaks; a run that starts in the window ends at the next break (<= bs tokens later).
+  auto is_break = [&](int i) {
+    if (i >= p.n) return true;
+    const int32_t s = p.slots[i];
+    if (s < 0) return true;
+    if (i == 0) return true;
+    const int32_t prev = p.slots[i - 1];
+    return prev < 0 || prev / bs != s / bs;
+  };
+  const unsigned lo = __ballot_sync(0xffffffffu, is_break(window0 + lane));
+  const unsigned hi = __ballot_sync(0xffffffffu, is_break(window0 + 32 + lane));
+  const unsigned long long breaks = (static_cast<unsigned long long>(hi) << 32) | lo;
   for (int c = 0; c < bs; ++c) {
     const int i = window0 + c;
     if (i >= p.n) return;
+    if (!((breaks >> c) & 1ull)) continue;
     const int32_t slot = p.slots[i];
     if (slot < 0) continue;
     const int page = slot / bs, slot0 = slot % bs;
-    if (i > 0) {
-      const int32_t prev = p.slots[i - 1];
-      if (prev >= 0 && prev / bs == page) continue;  // not the first token of its run
-    }
-    int len = 1;
-    while (i + len < p.n && len < bs - slot0) {
-      const int32_t s = p.slots[i + len];
-      if (s < 0 || s / bs != page) break;
-      ++len;
-    }
+    const unsigned long long later = breaks >> (c + 1);
+    const int to_break = later ? __ffsll(static_cast<long long>(later)) : 64 - c;
+    const int len = min(min(to_break, bs - slot0), p.n - i);
     float amax = 0.f;
     for (int c0 = 0; c0 < len; c0 += kChunk) {
       Raw16<kFp32> raw[kMaxPass];
@@ -314,11 +335,26 @@ int sm_count() {
   return n;
 }
 
+// CTAs of `kernel` that fit on one SM (queried once per kernel).
+template <class K>
+int ctas_per_sm(K kernel) {
+  static const int n = [kernel] {
+    int v = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kThreads, 0) != cudaSuccess || v < 1) {
+      cudaGetLastError();
+      return 4;
+    }
+    return v;
+  }();
+  return n;
+}
+
 template <Format F, int D, bool kFp32>
 Status launch_all(const WriteParams& p, cudaStream_t stream, bool per_tensor, bool per_block, Format f) {
   const long long threads = static_cast<long long>(p.n) * p.heads * 2 * (D / 16);
-  // Enough CTAs to fill the chip a few times over; each thread then walks the rows grid-stride.
-  const int blocks = static_cast<int>(std::clamp<long long>((threads + 2 * kThreads - 1) / (2 * kThreads), 1, sm_count() * 16));
+  // One wave of CTAs (or fewer for small calls); each thread walks the rows grid-stride.
+  const int wave = sm_count() * ctas_per_sm(per_block ? write_rows_kernel<F, D, kFp32, true> : write_rows_kernel<F, D, kFp32, false>);
+  const int blocks = static_cast<int>(std::clamp<long long>((threads + 2 * kThreads - 1) / (2 * kThreads), 1, wave));
   if (per_tensor) {
     KVQ_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(p.ws, 0, 3 * sizeof(unsigned), stream), "cuda write: workspace reset"));
     tensor_amax_kernel<D, kFp32><<<std::min(blocks, 4096), kThreads, 0, stream>>>(p);
