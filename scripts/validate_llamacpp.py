@@ -165,19 +165,46 @@ def numpy_forward(gguf_path, tokens):
     return x @ out.T
 
 
+def write_f32_gguf(src, dst):
+    """A copy of `src` with every tensor dequantized to F32 by the `gguf` package: llama.cpp then
+    runs the very weights kvq runs (kvq dequantizes at load), with float activations."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import dequantize
+
+    r = GGUFReader(src)
+    w = GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.alignment"):
+            continue
+        vtype = f.types[0]
+        val = 0 if f.name == "general.file_type" else f.contents()  # 0 = all F32
+        w.add_key_value(f.name, val, vtype, sub_type=f.types[-1] if vtype == GGUFValueType.ARRAY else None)
+    for t in r.tensors:
+        a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        w.add_tensor(t.name, a.reshape([int(d) for d in reversed(t.shape)]))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 # ---- llama.cpp -----------------------------------------------------------------------------------
 
-def llamacpp_logits(gguf_path, tokens, threads):
+def llamacpp_logits(gguf_path, tokens, threads, cache_types):
+    """Logits of llama.cpp for `tokens`; tries the KV cache types in order (name, ggml type id)."""
     import llama_cpp
     kw = dict(model_path=gguf_path, n_ctx=len(tokens), n_batch=len(tokens), n_ubatch=len(tokens),
               logits_all=True, verbose=False, n_threads=threads, n_threads_batch=threads)
-    cache = "f32"
-    try:
-        # An f32 KV cache keeps llama.cpp's own cache rounding out of the comparison.
-        llm = llama_cpp.Llama(type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False, **kw)
-    except Exception:  # older/newer bindings without these options: default (f16) cache
-        llm = llama_cpp.Llama(**kw)
-        cache = "f16 (default)"
+    llm, cache = None, None
+    for name, ggml_type in cache_types:
+        try:
+            llm = llama_cpp.Llama(type_k=ggml_type, type_v=ggml_type, flash_attn=False, **kw)
+            cache = name
+            break
+        except Exception as e:  # this build or binding refuses the cache type: try the next one
+            print(f"llama.cpp: {name} KV cache not available ({e})", flush=True)
+    if llm is None:
+        llm, cache = llama_cpp.Llama(**kw), "default (f16)"
     llm.reset()
     llm.eval([int(t) for t in tokens])
     scores = np.array(llm.scores[: len(tokens)], dtype=np.float32)
@@ -193,6 +220,7 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--dump", help="reuse this kvq logits dump instead of running kvq")
     ap.add_argument("--no-numpy", action="store_true", help="skip the float64 numpy reference")
+    ap.add_argument("--no-f32", action="store_true", help="skip llama.cpp on an F32-dequantized copy of the model")
     ap.add_argument("--out", help="report path (default bench/results/<date>-smollm2-validation.md)")
     args = ap.parse_args()
 
@@ -223,23 +251,33 @@ def main():
     sections = []
     results = {}
 
-    # llama.cpp
+    # llama.cpp, twice: on the file as shipped (its own Q4_1 x q8_1 kernels) and on an F32 copy
+    # (kvq's weights exactly, float activations, bf16 KV cache like kvq's baseline).
     llama_note = None
     try:
+        import llama_cpp  # noqa: F401
         t0 = time.time()
-        llm, ll_logits, cache, ll_version = llamacpp_logits(gguf_path, tokens, args.threads)
-        ll_s = time.time() - t0
+        llm, ll_logits, cache, ll_version = llamacpp_logits(gguf_path, tokens, args.threads, [("f32", 0)])
+        results["llama.cpp"] = compare(ll_logits, d["logits"], tokens)
+        results["llama.cpp"].update(seconds=time.time() - t0, cache=cache, version=ll_version)
         ll_ids = np.array(llm.tokenize(text.encode("utf-8"), add_bos=False, special=True), dtype=np.int64)
+        del llm
         kvq_ids = d["text_ids"].astype(np.int64)
         m = min(len(ll_ids), len(kvq_ids))
         neq = np.nonzero(ll_ids[:m] != kvq_ids[:m])[0]
         first_diff = int(neq[0]) if len(neq) else (m if len(ll_ids) != len(kvq_ids) else None)
-        results["llama.cpp"] = compare(ll_logits, d["logits"], tokens)
-        results["llama.cpp"].update(seconds=ll_s, cache=cache, version=ll_version)
-        tok_line = (f"identical ({len(kvq_ids)} tokens)" if first_diff is None else
-                    f"differ: kvq {len(kvq_ids)} tokens, llama.cpp {len(ll_ids)}, first difference at token "
-                    f"{first_diff}, {len(neq)} of the first {m} positions differ")
-        results["tokenization"] = tok_line
+        results["tokenization"] = (
+            f"identical ({len(kvq_ids)} tokens)" if first_diff is None else
+            f"differ: kvq {len(kvq_ids)} tokens, llama.cpp {len(ll_ids)}, first difference at token "
+            f"{first_diff}, {len(neq)} of the first {m} positions differ")
+        if not args.no_f32:
+            t0 = time.time()
+            f32_path = os.path.join(tempfile.mkdtemp(prefix="kvq-val-f32-"), "model-f32.gguf")
+            write_f32_gguf(gguf_path, f32_path)
+            _, f32_logits, cache, _ = llamacpp_logits(f32_path, tokens, args.threads, [("bf16", 30), ("f32", 0)])
+            os.remove(f32_path)
+            results["llama.cpp f32"] = compare(f32_logits, d["logits"], tokens)
+            results["llama.cpp f32"].update(seconds=time.time() - t0, cache=cache, version=ll_version)
     except ImportError as e:
         llama_note = f"llama-cpp-python is not installed in this interpreter ({e}); llama.cpp comparison skipped"
         print(llama_note, flush=True)
@@ -253,7 +291,8 @@ def main():
     def row(name, r):
         return (f"| {name} | {r['max_abs']:.4g} (position {r['max_abs_pos']}) | {r['median_pos_max']:.3g} | "
                 f"{r['mean_abs']:.3g} | "
-                f"{r['ppl_ref']:.4f} | {r['ppl_other']:.4f} | {r['kl']:.3g} | {100 * r['top1']:.2f}% |")
+                f"{r['ppl_ref']:.4f} | {r['ppl_other']:.4f} | {100 * (r['ppl_other'] / r['ppl_ref'] - 1):+.3f}% | "
+                f"{r['kl']:.3g} | {100 * r['top1']:.2f}% |")
 
     lines = [
         f"# SmolLM2-135M-Instruct: kvq logits vs independent engines ({date})",
@@ -265,14 +304,17 @@ def main():
         "kvq ran with its bf16 KV cache (the eval baseline). Perplexities are over those predictions only.",
         "",
         "| reference | max abs logit delta | median over positions of the max delta | mean abs delta "
-        "| ppl (reference) | ppl (kvq) | KL(ref ‖ kvq) | top-1 agreement |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ppl (reference) | ppl (kvq) | kvq vs reference | KL(ref ‖ kvq) | top-1 agreement |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     if "numpy" in results:
         lines.append(row("numpy float64, gguf-dequantized weights, K/V rounded to bf16", results["numpy"]))
     if "llama.cpp" in results:
         r = results["llama.cpp"]
-        lines.append(row(f"llama.cpp (llama-cpp-python {r['version']}, {r['cache']} KV cache)", r))
+        lines.append(row(f"llama.cpp {r['version']} on the Q4_1 file as shipped ({r['cache']} KV cache)", r))
+    if "llama.cpp f32" in results:
+        r = results["llama.cpp f32"]
+        lines.append(row(f"llama.cpp {r['version']} on an F32 copy (weights dequantized by `gguf`; {r['cache']} KV cache)", r))
     lines.append("")
     if "tokenization" in results:
         lines.append(f"Tokenization of the whole text, kvq vs llama.cpp (`special=True`, no BOS): {results['tokenization']}.")
@@ -280,15 +322,21 @@ def main():
     if llama_note:
         lines += [llama_note, ""]
     lines += [
-        "Reading the numbers: the numpy reference computes what kvq computes (weights dequantized to",
-        "float, K/V stored as bf16) in float64, so its delta is kvq's float32 arithmetic error, amplified",
-        "where a K/V value sits next to a bf16 rounding boundary and the two round it to neighbouring",
-        "values (one bf16 step is 0.4%); the median column shows the typical position. llama.cpp",
-        "multiplies Q4_1 weights by activations quantized to 8 bits (q8_1) and accumulates differently, so",
-        "a larger delta is expected there; its perplexity and top-1 agreement show whether the two engines",
-        "agree on the model's behaviour.",
+        "Reading the numbers:",
         "",
-        "Command:",
+        "- The numpy reference computes what kvq computes (weights dequantized to float, K/V stored as",
+        "  bf16) in float64, so its delta is kvq's float32 arithmetic error, amplified where a K/V value",
+        "  sits next to a bf16 rounding boundary and the two round it to neighbouring values (one bf16",
+        "  step is 0.4%); the median column shows the typical position.",
+        "- llama.cpp on the F32 copy runs exactly kvq's weights with float activations and a bf16 KV",
+        "  cache: an independent engine doing the same computation, so its delta is of the same kind.",
+        "- llama.cpp on the Q4_1 file multiplies the 4-bit weights by activations quantized to 8 bits",
+        "  (q8_1), which kvq (and the F32 copy) do not do; that explains its larger delta and its slightly",
+        "  different perplexity.",
+        "",
+        "Command (in a throwaway venv: `python3 -m venv /tmp/kvq-val-venv && CMAKE_ARGS=-DGGML_NATIVE=OFF",
+        "/tmp/kvq-val-venv/bin/pip install llama-cpp-python gguf numpy ml_dtypes`; none of these is a kvq",
+        "dependency):",
         "",
         "```sh",
         shlex.join([sys.executable.replace(os.path.expanduser("~"), "~"), os.path.relpath(__file__, ROOT)] + sys.argv[1:]),
@@ -297,10 +345,13 @@ def main():
         f"Run on a {platform.machine()} machine with {os.cpu_count()} cores"
         + (f": kvq dump {kvq_s:.1f} s" if kvq_cmd else ":")
         + (f", llama.cpp {results['llama.cpp']['seconds']:.1f} s" if "llama.cpp" in results else "")
+        + (f", llama.cpp F32 copy {results['llama.cpp f32']['seconds']:.1f} s" if "llama.cpp f32" in results else "")
         + (f", numpy {results['numpy']['seconds']:.1f} s" if "numpy" in results else "") + ".",
     ]
     if kvq_cmd:
-        shown = [os.path.relpath(kvq_cmd[0], ROOT)] + ["FILE" if a == dump_path else a for a in kvq_cmd[1:]]
+        exe = os.path.relpath(kvq_cmd[0], ROOT)
+        exe = exe if not exe.startswith("..") else "kvq"
+        shown = [exe] + ["FILE" if a == dump_path else a for a in kvq_cmd[1:]]
         lines += ["", "kvq command: `" + shlex.join(shown) + "`"]
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:

@@ -302,6 +302,7 @@ Result<EvalReport> run_eval(const model::Model& model, const std::vector<int32_t
       if (!r.is_auto) continue;
       AutoStep st = auto_step(r.auto_chain, find, opts.gate_pct);
       if (st.decided) continue;
+      if (!st.notes.empty()) ev.note(st.notes.back());  // why the previous candidate was passed over
       bool dup = false;
       for (const auto& q : need) dup = dup || same_cache(q, r.auto_chain[st.index]);
       if (!dup) need.push_back(r.auto_chain[st.index]);
@@ -324,10 +325,8 @@ Result<EvalReport> run_eval(const model::Model& model, const std::vector<int32_t
     SpecResult row;
     if (req.is_auto) {
       AutoStep st = auto_step(req.auto_chain, find, opts.gate_pct);
-      for (const auto& n : st.notes) {
-        rep.notes.push_back(n);
-        ev.note(n);
-      }
+      rep.notes.insert(rep.notes.end(), st.notes.begin(), st.notes.end());
+      if (!st.notes.empty()) ev.note(st.notes.back());  // the earlier ones were shown as they happened
       const SpecResult* chosen = st.decided && !req.auto_chain.empty() ? find(req.auto_chain[st.index]) : nullptr;
       if (!chosen) continue;
       row = *chosen;

@@ -269,6 +269,16 @@ TEST(CudaWriteEncoders, MatchScalarWriterOnEveryFloat) {
   }
 }
 
+// The writer divides by the scale with a reciprocal and one FMA correction; it must equal IEEE
+// division wherever the quotient can still change a code.
+TEST(CudaWriteEncoders, DivisionMatchesIeee) {
+  auto dev = cuda_device_info();
+  if (!dev.is_ok()) GTEST_SKIP() << dev.status().to_string();
+  auto n = kc::count_division_mismatches(uint64_t{1} << 31);
+  ASSERT_TRUE(n.is_ok()) << n.status().to_string();
+  EXPECT_EQ(n.value(), 0u);
+}
+
 TEST(CudaWriteApi, RejectsWhatItCannotRun) {
   kc::WriteArgs a;
   a.geom.num_kv_heads = 2;

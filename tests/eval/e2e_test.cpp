@@ -144,18 +144,32 @@ TEST_F(StoriesEval, AutoFollowsTheGate) {
   a.is_auto = true;
   a.spec.sink_tokens = 0;
   a.auto_chain = auto_fallback_chain(a.spec);
-  std::vector<SpecRequest> reqs = {a, request("fp8", Format::kFp8E4m3), request("int8", Format::kInt8)};
-  auto rep = run_eval(*model_, *ids_, reqs, o);
+  // int8 is not requested: when fp8 fails, auto must evaluate it in a pass of its own.
+  std::vector<EvalProgress> events;
+  auto rep = run_eval(*model_, *ids_, {a, request("fp8", Format::kFp8E4m3)}, o,
+                      [&](const EvalProgress& e) { events.push_back(e); });
   ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
+  auto int8 = run_eval(*model_, *ids_, {request("int8", Format::kInt8)}, o);
+  ASSERT_TRUE(int8.is_ok());
   const auto& rows = rep.value().results;
-  ASSERT_EQ(rows.size(), 4u);
-  const SpecResult& fp8 = rows[2];
-  const SpecResult& int8 = rows[3];
-  Format want = fp8.delta_ppl_pct <= 0 ? Format::kFp8E4m3 : int8.delta_ppl_pct <= 0 ? Format::kInt8 : Format::kBf16;
+  ASSERT_EQ(rows.size(), 3u);
+  const double fp8_d = rows[2].delta_ppl_pct, int8_d = int8.value().results[1].delta_ppl_pct;
+  const Format want = fp8_d <= 0 ? Format::kFp8E4m3 : int8_d <= 0 ? Format::kInt8 : Format::kBf16;
   EXPECT_EQ(rows[1].spec.format, want);
   EXPECT_TRUE(rows[1].spec.from_auto);
   EXPECT_TRUE(rows[1].gate_pass);
-  EXPECT_FALSE(rep.value().notes.empty());
+  EXPECT_EQ(rows[1].label, "auto");
+  if (want == Format::kInt8) {
+    EXPECT_DOUBLE_EQ(rows[1].delta_ppl_pct, int8_d);  // same windows, same result
+  }
+  ASSERT_FALSE(rep.value().notes.empty());
+  EXPECT_NE(rep.value().notes.back().find("chose"), std::string::npos);
+  bool second_pass = false;
+  for (const auto& e : events) second_pass = second_pass || e.pass == 2;
+  EXPECT_EQ(second_pass, fp8_d > 0);
+  if (fp8_d > 0) {
+    EXPECT_NE(rep.value().notes.front().find("falling back to int8"), std::string::npos);
+  }
 }
 
 // Auto's later passes recompute the baseline and compare against the first pass's numbers; that

@@ -31,7 +31,7 @@ struct BenchCliOptions {
   std::string shapes;  // "B,Hq,Hkv,D,L;..." (default: the nine shapes)
   std::string formats = "bf16,fp8_e4m3,fp8_fnuz,int8";
   std::string granularity = "per_token_head";
-  int block_size = 16, sink = 256, splits = 0;
+  int block_size = 16, sink = 256, splits = 0, variant = 0;
   // write
   int tokens = 16384, heads = 8, head_dim = 128;
   std::string write_granularities = "per_token_head,per_block_head";
@@ -148,15 +148,16 @@ int run_bench(const BenchCliOptions& o, bool decode) {
     d.block_size = o.block_size;
     d.sink_tokens = o.sink;
     d.force_splits = o.splits;
+    d.variant = o.variant;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value());
     if (!rows.is_ok()) return fail("decode", rows.status());
-    std::printf("\n%-30s %-9s %5s %6s %10s %8s %7s %8s\n", "shape", "format", "sink", "splits", "median_us", "TB/s",
-                "%copy", "x_bf16");
+    std::printf("\n%-30s %-13s %5s %6s %4s %10s %8s %7s %8s\n", "shape", "format", "sink", "splits", "ctas", "median_us",
+                "TB/s", "%copy", "x_bf16");
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : rows.value()) {
-      std::printf("%-30s %-9s %5d %6d %10.2f %8.3f %6.1f%% %8.3f\n", r.shape.label().c_str(), format_name(r.format),
-                  r.sink_tokens, r.splits, r.us_median, r.tb_per_s, 100 * r.frac_of_copy, r.speedup_vs_bf16);
+      std::printf("%-30s %-13s %5d %6d %4d %10.2f %8.3f %6.1f%% %8.3f\n", r.shape.label().c_str(), format_name(r.format),
+                  r.sink_tokens, r.splits, r.ctas_per_sm, r.us_median, r.tb_per_s, 100 * r.frac_of_copy, r.speedup_vs_bf16);
       arr.push_back({{"batch", r.shape.batch},
                      {"num_q_heads", r.shape.num_q_heads},
                      {"num_kv_heads", r.shape.num_kv_heads},
@@ -168,6 +169,7 @@ int run_bench(const BenchCliOptions& o, bool decode) {
                      {"sink_tokens", r.sink_tokens},
                      {"splits", r.splits},
                      {"ctas_per_sm", r.ctas_per_sm},
+                     {"variant", r.variant},
                      {"us_median", r.us_median},
                      {"us_min", r.us_min},
                      {"us_max", r.us_max},
@@ -191,12 +193,12 @@ int run_bench(const BenchCliOptions& o, bool decode) {
     w.timing = timing;
     auto rows = kc::bench_write(w, copy.value());
     if (!rows.is_ok()) return fail("write", rows.status());
-    std::printf("\nwrite %d tokens x %d kv heads x %d (bf16 in)\n%-9s %-15s %10s %8s %7s\n", w.num_tokens, w.num_kv_heads,
+    std::printf("\nwrite %d tokens x %d kv heads x %d (bf16 in)\n%-13s %-15s %10s %8s %7s\n", w.num_tokens, w.num_kv_heads,
                 w.head_dim, "format", "granularity", "median_us", "TB/s", "%copy");
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : rows.value()) {
       const char* gname = is_quantized(r.format) ? granularity_name(r.granularity) : "-";
-      std::printf("%-9s %-15s %10.2f %8.3f %6.1f%%\n", format_name(r.format), gname, r.us_median, r.tb_per_s,
+      std::printf("%-13s %-15s %10.2f %8.3f %6.1f%%\n", format_name(r.format), gname, r.us_median, r.tb_per_s,
                   100 * r.frac_of_copy);
       arr.push_back({{"format", format_name(r.format)},
                      {"granularity", gname},
@@ -256,6 +258,8 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   dec->add_option("--granularity", opt->granularity, "Scale granularity of the quantized formats")->capture_default_str();
   dec->add_option("--sink", opt->sink, "Sink tokens (bf16) per sequence for quantized formats")->capture_default_str();
   dec->add_option("--splits", opt->splits, "Force this many KV splits (0: planned)")->capture_default_str();
+  dec->add_option("--variant", opt->variant, "Kernel variant (0 default; 1: no register cap for 8-bit D<=128)")
+      ->capture_default_str();
   dec->callback([which] { *which = 1; });
   CLI::App* wr = sub->add_subcommand("write", "Quantize + scatter of new K/V rows into pages");
   add_common(wr, *opt);

@@ -229,6 +229,8 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, const D
   a.softmax_scale = 1.f / std::sqrt(static_cast<float>(sh.head_dim));
   DecodeOptions dopts;
   dopts.force_splits = o.force_splits;
+  dopts.variant = o.variant;
+  row.variant = o.variant;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;

@@ -29,6 +29,25 @@ detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g, int variant = 0
   }
 }
 
+// The kernel and dynamic shared memory a plan's variant launches (variant 2 falls back to the
+// default where it has no instance).
+struct Launch {
+  void (*fn)(detail::DecodeParams) = nullptr;
+  int dyn_smem = 0;
+};
+Result<Launch> launch_for(const cache::CacheGeometry& g, int variant) {
+  if (variant == 2) {
+    const detail::DecodeAsyncKernel k = detail::decode_kernel_async_for(g.format, g.head_dim, scale_mode(g));
+    if (k.fn != nullptr) {
+      // More than 48 KB of dynamic shared memory needs an opt-in (host-side, idempotent).
+      KVQ_RETURN_IF_ERROR(detail::cuda_status(
+          cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.dyn_smem), "cuda decode: smem opt-in"));
+      return Launch{k.fn, k.dyn_smem};
+    }
+  }
+  return Launch{kernel_for(g, variant == 1 ? 1 : 0).fn, 0};
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
@@ -82,9 +101,10 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   p.num_q_heads = a.num_q_heads;
   p.max_tokens = (a.tables.max_blocks + a.tables.max_sink_blocks) * a.geom.block_size;
   p.variant = opts.variant;
-  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.variant);
+  auto kern = launch_for(a.geom, p.variant);
+  if (!kern.is_ok()) return kern.status();
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.fn, detail::kDecodeThreads, 0) != cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern->fn, detail::kDecodeThreads, kern->dyn_smem) != cudaSuccess ||
       occ < 1) {
     cudaGetLastError();
     occ = 2;
@@ -154,7 +174,9 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   }
   const dim3 grid(p.num_splits, g.num_kv_heads * p.head_groups, a.tables.num_seqs);
   if (grid.y > 65535) return unsupported("cuda decode: too many kv heads x head groups for one launch");
-  kernel_for(g, p.variant).fn<<<grid, detail::kDecodeThreads, 0, stream>>>(k);
+  auto kern = launch_for(g, p.variant);
+  if (!kern.is_ok()) return kern.status();
+  kern->fn<<<grid, detail::kDecodeThreads, kern->dyn_smem, stream>>>(k);
   KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;

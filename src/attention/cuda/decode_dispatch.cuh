@@ -29,4 +29,11 @@ DecodeKernelFn decode_kernel_int8(int head_dim, ScaleMode sm, int variant);
 DecodeKernelFn decode_kernel_16bit(Format f, int head_dim);
 MergeKernelFn decode_merge_kernel_for(int head_dim);
 
+// Variant 2 (shared-memory ring, decode_kernel_async.cuh); empty where no instance exists.
+struct DecodeAsyncKernel {
+  void (*fn)(DecodeParams) = nullptr;
+  int dyn_smem = 0;
+};
+DecodeAsyncKernel decode_kernel_async_for(Format f, int head_dim, ScaleMode sm);
+
 }  // namespace kvq::attention::cuda::detail

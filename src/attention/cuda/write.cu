@@ -41,13 +41,27 @@ struct Raw16 {
   uint4 w[kFp32 ? 4 : 2];
 };
 
+// A lane's 16 elements are kC chunks of 16/kC (chunk c at element c * D/kC + part * 16/kC), so that
+// every load instruction of a row's L lanes reads whole 32-byte sectors (bf16: kC = 2 chunks of
+// 8 elements = 16 bytes, fp32: 4 chunks of 4 floats) and every code store writes whole sectors.
+template <bool kFp32>
+constexpr int kChunks = kFp32 ? 4 : 2;
+
+template <int D, bool kFp32>
+__device__ __forceinline__ size_t chunk_elem(int part, int c) {
+  constexpr int C = kChunks<kFp32>;
+  return static_cast<size_t>(c) * (D / C) + static_cast<size_t>(part) * (16 / C);
+}
+
 template <int D, bool kFp32>
 __device__ __forceinline__ void load_raw(const void* in, int token, int head, int heads, int part, Raw16<kFp32>& r) {
-  const size_t e = (static_cast<size_t>(token) * heads + head) * D + part * 16;
-  const uint4* p = kFp32 ? reinterpret_cast<const uint4*>(static_cast<const float*>(in) + e)
-                         : reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(in) + e);
+  const size_t row = (static_cast<size_t>(token) * heads + head) * D;
 #pragma unroll
-  for (int i = 0; i < (kFp32 ? 4 : 2); ++i) r.w[i] = p[i];
+  for (int c = 0; c < kChunks<kFp32>; ++c) {
+    const size_t e = row + chunk_elem<D, kFp32>(part, c);
+    r.w[c] = kFp32 ? *reinterpret_cast<const uint4*>(static_cast<const float*>(in) + e)
+                   : *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(in) + e);
+  }
 }
 
 template <bool kFp32>
@@ -80,16 +94,42 @@ __device__ __forceinline__ float group_max(float v, int lanes) {
   return v;
 }
 
-template <Format F, int D>
+// Stores a lane's 16 values (x in chunk order) at its chunks of row `elem` of a 16-bit plane.
+template <Format F, int D, bool kFp32>
+__device__ __forceinline__ void store16_chunks(uint16_t* plane, size_t elem, int part, const float (&x)[16]) {
+  constexpr int C = kChunks<kFp32>, E = 16 / C;
+  uint4 lo, hi;
+  store16x16<F>(x, lo, hi);
+  const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+  for (int c = 0; c < C; ++c) {
+    uint16_t* dst = plane + elem + chunk_elem<D, kFp32>(part, c);
+    if constexpr (E == 8) {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
+    } else {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(w[2 * c], w[2 * c + 1]);
+    }
+  }
+}
+
+template <Format F, int D, bool kFp32>
 __device__ __forceinline__ void store_main_row(const WriteParams& p, int kv, size_t elem, int part, const float (&x)[16],
                                                float scale) {
   if constexpr (F == Format::kBf16 || F == Format::kFp16) {
-    uint4 lo, hi;
-    store16x16<F>(x, lo, hi);
-    uint4* dst = reinterpret_cast<uint4*>(p.codes[kv] + (elem + part * 16) * 2);
-    dst[0] = lo, dst[1] = hi;
+    store16_chunks<F, D, kFp32>(reinterpret_cast<uint16_t*>(p.codes[kv]), elem, part, x);
   } else {
-    *reinterpret_cast<uint4*>(p.codes[kv] + elem + part * 16) = quantize16<F>(x, scale);
+    const uint4 q = quantize16<F>(x, scale);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    constexpr int C = kChunks<kFp32>;
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      uint8_t* dst = p.codes[kv] + elem + chunk_elem<D, kFp32>(part, c);
+      if constexpr (C == 2) {
+        *reinterpret_cast<uint2*>(dst) = make_uint2(w[2 * c], w[2 * c + 1]);
+      } else {
+        *reinterpret_cast<uint32_t*>(dst) = w[c];
+      }
+    }
   }
 }
 
@@ -116,11 +156,8 @@ __device__ __forceinline__ void write_row(const WriteParams& p, long long unit, 
   if (!live) return;
   if (slot < 0) {
     const int s = -slot - 1, page = s / p.block_size, ss = s % p.block_size;
-    const size_t e = ((static_cast<size_t>(page) * p.heads + head) * p.block_size + ss) * D + part * 16;
-    uint4 lo, hi;
-    store16x16<Format::kBf16>(x, lo, hi);
-    uint4* dst = reinterpret_cast<uint4*>(p.sink[kv] + e);
-    dst[0] = lo, dst[1] = hi;
+    const size_t e = ((static_cast<size_t>(page) * p.heads + head) * p.block_size + ss) * D;
+    store16_chunks<Format::kBf16, D, kFp32>(p.sink[kv], e, part, x);
     return;
   }
   if constexpr (!kSinkOnly) {
@@ -133,7 +170,7 @@ __device__ __forceinline__ void write_row(const WriteParams& p, long long unit, 
     } else if (p.quantized) {
       scale = p.scales[kv][0];
     }
-    store_main_row<F, D>(p, kv, head_row * D, part, x, scale);
+    store_main_row<F, D, kFp32>(p, kv, head_row * D, part, x, scale);
   }
 }
 
@@ -316,7 +353,7 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
         if (rr < len) {
           float x[16];
           unpack<kFp32>(raw[q], x);
-          *reinterpret_cast<uint4*>(p.codes[kv] + (ph * bs + slot0 + rr) * D + part * 16) = quantize16<F>(x, scale);
+          store_main_row<F, D, kFp32>(p, kv, (ph * bs + slot0 + rr) * D, part, x, scale);
         }
       }
     }
@@ -335,12 +372,12 @@ int sm_count() {
   return n;
 }
 
-// CTAs of `kernel` that fit on one SM (queried once per kernel).
-template <class K>
-int ctas_per_sm(K kernel) {
-  static const int n = [kernel] {
+// CTAs of `Kernel` that fit on one SM (queried once per kernel).
+template <auto Kernel>
+int ctas_per_sm() {
+  static const int n = [] {
     int v = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, kernel, kThreads, 0) != cudaSuccess || v < 1) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&v, Kernel, kThreads, 0) != cudaSuccess || v < 1) {
       cudaGetLastError();
       return 4;
     }
@@ -353,7 +390,8 @@ template <Format F, int D, bool kFp32>
 Status launch_all(const WriteParams& p, cudaStream_t stream, bool per_tensor, bool per_block, Format f) {
   const long long threads = static_cast<long long>(p.n) * p.heads * 2 * (D / 16);
   // One wave of CTAs (or fewer for small calls); each thread walks the rows grid-stride.
-  const int wave = sm_count() * ctas_per_sm(per_block ? write_rows_kernel<F, D, kFp32, true> : write_rows_kernel<F, D, kFp32, false>);
+  const int wave = sm_count() * (per_block ? ctas_per_sm<write_rows_kernel<F, D, kFp32, true>>()
+                                           : ctas_per_sm<write_rows_kernel<F, D, kFp32, false>>());
   const int blocks = static_cast<int>(std::clamp<long long>((threads + 2 * kThreads - 1) / (2 * kThreads), 1, wave));
   if (per_tensor) {
     KVQ_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(p.ws, 0, 3 * sizeof(unsigned), stream), "cuda write: workspace reset"));
@@ -480,8 +518,45 @@ __global__ void encoder_sweep_kernel(unsigned long long* mismatches) {
   if (bad) atomicAdd(mismatches, bad);
 }
 
+// Random (x, s) pairs: s as the writer makes it (amax / qmax with amax spread over 2^-30..2^30),
+// x over +-2^-40..2^40 relative to amax; counts quotients that differ from __fdiv_rn.
+__global__ void division_sweep_kernel(uint64_t samples, unsigned long long* mismatches) {
+  unsigned long long bad = 0;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < samples;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    uint64_t r = (i + 1) * 0x9e3779b97f4a7c15ull;
+    r ^= r >> 31;
+    r *= 0xbf58476d1ce4e5b9ull;
+    r ^= r >> 29;
+    const float amax = __uint_as_float(0x3f800000u | static_cast<uint32_t>(r & 0x7fffffu)) *
+                       exp2f(static_cast<float>(static_cast<int>((r >> 23) % 61) - 30));
+    const float qmax = (r >> 40) & 1 ? 448.f : ((r >> 41) & 1 ? 224.f : 127.f);
+    const float s = device_scale_for_amax(Format::kFp8E4m3, amax * 448.f / qmax);
+    const float x = __uint_as_float((static_cast<uint32_t>(r >> 42) & 0x807fffffu) | 0x3f800000u) * amax *
+                    exp2f(-static_cast<float>((r >> 32) % 41));
+    const float want = __fdiv_rn(x, s), got = div_by_scale(x, s, __frcp_rn(s));
+    if (fabsf(want) < 1048576.f && fabsf(want) >= 1.f / 1048576.f && __float_as_uint(want) != __float_as_uint(got)) ++bad;
+  }
+  if (bad) atomicAdd(mismatches, bad);
+}
+
 }  // namespace
 }  // namespace detail
+
+Result<uint64_t> count_division_mismatches(uint64_t samples) {
+  unsigned long long* d = nullptr;
+  KVQ_RETURN_IF_ERROR(detail::cuda_status(cudaMalloc(&d, sizeof(*d)), "division check: cudaMalloc"));
+  cudaMemset(d, 0, sizeof(*d));
+  detail::division_sweep_kernel<<<2048, 256>>>(samples, d);
+  unsigned long long h = 0;
+  const Status launched = detail::launch_status("division check kernel");
+  const Status copied = launched.is_ok() ? detail::cuda_status(cudaMemcpy(&h, d, sizeof(h), cudaMemcpyDeviceToHost),
+                                                               "division check: copy")
+                                         : launched;
+  cudaFree(d);
+  if (!copied.is_ok()) return copied;
+  return static_cast<uint64_t>(h);
+}
 
 Result<uint64_t> count_encoder_mismatches(Format f) {
   unsigned long long* d = nullptr;

@@ -51,18 +51,31 @@ __device__ __forceinline__ uint32_t encode4(float a, float b, float c, float d) 
   }
 }
 
+// x / s rounded to nearest, as __fdiv_rn, from y = RN(1/s) computed once per row: q0 = RN(x * y)
+// is within an ulp of x / s, the remainder x - s * q0 is exact in one FMA, and one correction
+// q0 + r * y then rounds correctly (Markstein's theorem; s >= FLT_MIN keeps 1/s normal). Where
+// that argument needs care the code does not: |x / s| >= 2^20 saturates every 8-bit format, so
+// q0 is used as is, and quotients below 2^-20 become code 0 either way.
+// count_division_mismatches() checks it against __fdiv_rn on the device.
+__device__ __forceinline__ float div_by_scale(float x, float s, float y) {
+  const float q0 = __fmul_rn(x, y);
+  const float r = __fmaf_rn(-q0, s, x);
+  const float q = __fmaf_rn(r, y, q0);
+  return fabsf(q0) < 1048576.f ? q : q0;
+}
+
 // quantize_row's element rule: non-finite -> code 0, else encode(x / scale).
-template <Format F>
-__device__ __forceinline__ float scaled_or_zero(float x, float scale) {
-  return isfinite(x) ? __fdiv_rn(x, scale) : 0.f;
+__device__ __forceinline__ float scaled_or_zero(float x, float scale, float inv) {
+  return isfinite(x) ? div_by_scale(x, scale, inv) : 0.f;
 }
 
 // 16 values -> 16 codes of an 8-bit format.
 template <Format F>
 __device__ __forceinline__ uint4 quantize16(const float (&x)[16], float scale) {
+  const float inv = __frcp_rn(scale);
   float s[16];
 #pragma unroll
-  for (int i = 0; i < 16; ++i) s[i] = scaled_or_zero<F>(x[i], scale);
+  for (int i = 0; i < 16; ++i) s[i] = scaled_or_zero(x[i], scale, inv);
   uint4 r;
   r.x = encode4<F>(s[0], s[1], s[2], s[3]);
   r.y = encode4<F>(s[4], s[5], s[6], s[7]);

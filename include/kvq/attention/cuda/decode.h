@@ -48,7 +48,8 @@ struct DecodePlan {
 struct DecodeOptions {
   int force_splits = 0;  // > 0: use exactly this many splits (tests, tuning); 0: choose
   // Kernel variant, for measurements (docs/GPU_NOTES.md): 0 = default; 1 = 8-bit formats with
-  // head_dim <= 128 without the 128-register cap (3 instead of 4 CTAs per SM).
+  // head_dim <= 128 without the 128-register cap (3 instead of 4 CTAs per SM); 2 = loads through
+  // a cp.async shared-memory ring (8-bit, per-token/per-page scales, head_dim 64/128; else 0).
   int variant = 0;
 };
 

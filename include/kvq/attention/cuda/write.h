@@ -60,4 +60,8 @@ Status run(const WriteArgs& args, void* workspace, CUstream_st* stream);
 // device and counts the codes that differ from the scalar writer in format/. Synchronous.
 Result<uint64_t> count_encoder_mismatches(Format f);
 
+// Self-check of the writer's division (one reciprocal per row plus an exact FMA correction) against
+// IEEE division on `samples` random (value, scale) pairs whose quotient lies in [2^-20, 2^20).
+Result<uint64_t> count_division_mismatches(uint64_t samples);
+
 }  // namespace kvq::attention::cuda
