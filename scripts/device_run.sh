@@ -60,9 +60,12 @@ if [[ $steps == *info* ]]; then
   if command -v cuobjdump >/dev/null; then
     { cuobjdump --dump-resource-usage "${TESTS[0]}" 2>&1 | grep -A1 -E 'decode_kernel|write_(rows|segments)_kernel' | grep -E 'Function|REG' |
         sed -E 's/.*Function ([^:]*):/\1/' | paste - - | sed -E 's/_ZN3kvq9attention4cuda6detail[0-9]*//' | cut -c1-220
-      echo "--- SASS op mix of decode_kernel<fp8_e4m3, 128, per-token>"
-      cuobjdump -sass -fun '_ZN3kvq9attention4cuda6detail13decode_kernelILNS_6FormatE2ELi128ELNS2_9ScaleModeE2EEEvNS2_12DecodeParamsE' "${TESTS[0]}" 2>/dev/null |
-        grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+' | awk '{print $2}' | sed -E 's/\..*//' | sort | uniq -c | sort -rn | head -25
+      echo "--- SASS op mix of decode_kernel<fp8_e4m3, 128, per-token> (default variant)"
+      cuobjdump -sass -fun '_ZN3kvq9attention4cuda6detail13decode_kernelILNS_6FormatE2ELi128ELNS2_9ScaleModeE2ELi4EEEvNS2_12DecodeParamsE' \
+        "${TESTS[0]}" 2>/dev/null | grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+' | awk '{print $2}' >/tmp/ops.txt
+      sed -E 's/\..*//' /tmp/ops.txt | sort | uniq -c | sort -rn | head -25
+      echo "--- memory ops with their widths"
+      grep -E '^(LDG|STG|LDS|STS|LDL|STL|LDGSTS)' /tmp/ops.txt | sort | uniq -c
     } >>"$OUT/env.txt" 2>&1
   fi
 fi

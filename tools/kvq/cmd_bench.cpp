@@ -37,7 +37,7 @@ struct BenchCliOptions {
   std::string write_granularities = "per_token_head,per_block_head";
 };
 
-std::vector<std::string> split(const std::string& s, char sep) {
+[[maybe_unused]] std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
@@ -46,7 +46,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-std::string now_utc() {
+[[maybe_unused]] std::string now_utc() {
   char buf[32];
   const std::time_t t = std::time(nullptr);
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));

@@ -36,7 +36,7 @@ CheckResult classify(const Status& s) {
   return {"FAILED", s.to_string()};
 }
 
-std::string gib(size_t bytes) {
+[[maybe_unused]] std::string gib(size_t bytes) {  // used by the CUDA build only
   char s[32];
   std::snprintf(s, sizeof s, "%.1f GiB", static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0));
   return s;
