@@ -1,7 +1,8 @@
 // CUDA cache write (see include/kvq/attention/cuda/write.h).
 //
-// Rows (token, head, K|V) are handled by groups of D/16 lanes, 16 elements per lane: 16-byte
-// input loads (bf16: two, fp32: four) and one 16-byte code store (bf16/fp16 pools: two).
+// Rows (token, head, K|V) are handled by groups of D/16 lanes, 16 elements per lane, taken as
+// 16-byte input chunks spread over the row (bf16: two, fp32: four) so that each load instruction
+// of a row's lanes covers whole 32-byte sectors, and likewise each code store.
 //   rows kernel:     sink rows, per_token_head, per_tensor and bf16/fp16 rows; the per-row amax
 //                    is a shuffle reduction across the row's lanes.
 //   segments kernel: per_block_head; one warp per run of consecutive tokens in one page (a
