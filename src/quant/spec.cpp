@@ -8,20 +8,6 @@ namespace {
 constexpr const char* kDtypeChoices = "auto, bf16, fp16, fp8, fp8_e4m3, fp8_fnuz, int8";
 constexpr const char* kGranularityChoices = "per_tensor, per_token_head, per_block_head";
 
-// Canonical storage names. Kept local (same spelling as format_name) so that the quant layer's
-// parsing does not depend on the format layer's string table.
-const char* storage_name(Format f) {
-  switch (f) {
-    case Format::kBf16: return "bf16";
-    case Format::kFp16: return "fp16";
-    case Format::kFp8E4m3: return "fp8_e4m3";
-    case Format::kFp8E4m3Fnuz: return "fp8_e4m3_fnuz";
-    case Format::kInt8: return "int8";
-    case Format::kInt4: return "int4";
-  }
-  return "?";
-}
-
 Status check_storable(Format f, std::string_view origin) {
   if (f == Format::kInt4) {
     return unsupported("int4 KV cache not implemented yet (" + std::string(origin) +
@@ -42,7 +28,7 @@ const char* granularity_name(ScaleGranularity g) {
 }
 
 std::string QuantSpec::to_string() const {
-  std::string s = storage_name(format);
+  std::string s = format_name(format);
   // A granularity or scale dtype means nothing for unquantized storage, so it is not printed.
   if (quantized()) {
     s += '/';
