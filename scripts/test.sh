@@ -13,16 +13,18 @@ jobs=$(nproc)
 which="${1:-all}"
 run_config() {
   local dir=$1; shift
-  cmake -S . -B "$dir" -G Ninja -DKVQ_WERROR=ON "$@" >/dev/null
+  cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
   cmake --build "$dir" -j "$jobs"
   (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 1200)
 }
 if [[ $which == all || $which == default ]]; then
   echo "== default build (build/) =="
-  run_config build -DCMAKE_BUILD_TYPE=Release
+  run_config build -DCMAKE_BUILD_TYPE=Release -DKVQ_WERROR=ON
 fi
 if [[ $which == all || $which == sanitize ]]; then
   echo "== AddressSanitizer + UBSan build (build-asan/) =="
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    run_config build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVQ_SANITIZE=ON -DKVQ_CUDA=OFF -DKVQ_BUILD_BENCH=OFF
+    # Warnings are enforced (-Werror) by the default build of the same code; GCC 12's flow warnings
+    # (-Wmaybe-uninitialized inside std::regex, -Wrestrict) give false positives under -fsanitize.
+    run_config build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVQ_WERROR=OFF -DKVQ_SANITIZE=ON -DKVQ_CUDA=OFF -DKVQ_BUILD_BENCH=OFF
 fi
