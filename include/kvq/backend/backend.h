@@ -40,6 +40,10 @@ Result<BackendKind> resolve_backend(std::string_view name);
 // Kinds this build and machine can run (cpu always first).
 std::vector<BackendKind> available_backends();
 
+// What `--kv-cache-dtype auto` resolves to when the model runs on `kind` (format/auto_format.h's
+// rule applied to that backend's hardware: the CPU's features, or the GPU's compute capability).
+Format auto_cache_format(BackendKind kind);
+
 // Element types of backend tensors.
 enum class DType : uint8_t { kF32, kBf16, kI32 };
 size_t dtype_size(DType t);
