@@ -47,6 +47,7 @@ struct EvalCli {
   std::string command_line;
   std::string backend = "auto";
   std::string weights = "auto";
+  int windows_in_flight = 0;
 };
 
 // The command as typed, for the JSON report (Linux: /proc/self/cmdline, NUL-separated).
@@ -147,6 +148,9 @@ int run_eval_cmd(const EvalCli& o) {
   eo.threads = o.threads;
   eo.bos = o.bos == "auto" ? -1 : o.bos == "on" ? 1 : 0;
   eo.backend = be.value().get();
+  // A GPU step over one 128-token chunk leaves the card mostly idle: keep several windows in flight.
+  eo.windows_in_flight = o.windows_in_flight > 0 ? o.windows_in_flight
+                         : kind.value() == backend::BackendKind::kCuda ? 4 : 1;
   eo.runner.weights = o.weights == "fp32" ? model::WeightsDType::kF32
                       : o.weights == "bf16" ? model::WeightsDType::kBf16
                                             : model::WeightsDType::kAuto;
@@ -247,6 +251,10 @@ const RegisterCommand kRegister{{[](CLI::App& app) -> std::function<int()> {
       ->capture_default_str();
   c->add_option("--weights", o->weights, "weight precision on the backend: auto (fp32 on cpu, bf16 on cuda), fp32, bf16")
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
+      ->capture_default_str();
+  c->add_option("--windows-in-flight", o->windows_in_flight,
+                "windows forwarded together (0: 4 on cuda, 1 on cpu)")
+      ->check(CLI::Range(0, 256))
       ->capture_default_str();
   c->add_option("--json", o->json_out, "also write the full report (per-window NLL included) as JSON");
   c->add_flag("--markdown", o->markdown, "print the table as Markdown");
