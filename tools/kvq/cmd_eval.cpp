@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kvq/cache_options.h"
 #include "kvq/command.h"
 #include "kvq/eval/eval.h"
 #include "kvq/eval/gate.h"
@@ -24,12 +25,8 @@ namespace {
 
 struct EvalCli {
   std::string model, tokenizer, text, python = "python3";
-  std::string dtypes = "bf16,fp8,fp8_fnuz,int8";
-  std::string granularities = "per_token_head";
-  std::string scale_dtype = "fp32";
+  CacheCliOptions cache;  // add_cache_options sets eval's defaults
   std::string auto_start = "fp8";
-  int sink_tokens = 256;
-  int block_size = 16;
   int ctx = 0;  // 0 = min(2048, the model's context)
   int max_windows = 0;
   int64_t max_tokens = 4096;  // two SmolLM2 windows at 2048: a few minutes on 2 cores
@@ -56,7 +53,8 @@ std::string command_line() {
 }
 
 int fail(const std::string& what, const Status& st) {
-  std::fprintf(stderr, "kvq eval: %s: %s\n", what.c_str(), st.message().c_str());
+  if (what.empty()) std::fprintf(stderr, "kvq eval: %s\n", st.message().c_str());
+  else std::fprintf(stderr, "kvq eval: %s: %s\n", what.c_str(), st.message().c_str());
   return 1;
 }
 
@@ -108,15 +106,11 @@ int run_eval_cmd(const EvalCli& o) {
   if (!gate.is_ok()) return fail("--gate", gate.status());
   auto auto_first = parse_kv_cache_dtype(o.auto_start);
   if (!auto_first.is_ok()) return fail("--auto-start", auto_first.status());
-  eval::SpecListOptions so;
-  so.kv_cache_dtypes = o.dtypes;
-  so.granularities = o.granularities;
-  so.scale_dtype = o.scale_dtype;
-  so.block_size = o.block_size;
-  so.sink_tokens = o.sink_tokens;
-  so.auto_first = auto_first.value();
-  auto specs = eval::parse_spec_list(so);
-  if (!specs.is_ok()) return fail("cache specs", specs.status());
+  auto specs = to_spec_requests(o.cache, auto_first.value());
+  if (!specs.is_ok()) return fail("", specs.status());
+  // The engine runs on the CPU until the backend seam lands (issue 7); `auto` means the CPU here.
+  if (o.cache.backend == "cuda")
+    return fail("--backend cuda", unsupported("the model engine runs on the CPU for now; use --backend cpu or auto"));
 
   auto path = model::resolve_model_path(o.model);
   if (!path.is_ok()) return fail("--model", path.status());
@@ -204,17 +198,7 @@ const RegisterCommand kRegister{{[](CLI::App& app) -> std::function<int()> {
   c->add_option("--tokenizer", o->tokenizer, "tokenizer of a llama2.c checkpoint (default: tok512.bin beside it)");
   c->add_option("--text", o->text, "UTF-8 text file to evaluate on (default: CPython's pydoc topics)");
   c->add_option("--python", o->python, "python interpreter that provides pydoc_data.topics")->capture_default_str();
-  c->add_option("--kv-cache-dtype", o->dtypes,
-                "comma-separated cache specs: bf16, fp16, fp8, fp8_fnuz, int8, auto; options after colons, "
-                "e.g. fp8:per_tensor or int8:per_block_head:sink0:b32")
-      ->capture_default_str();
-  c->add_option("--kv-scale-granularity", o->granularities,
-                "comma-separated: per_tensor, per_token_head, per_block_head (each quantized dtype is run with each)")
-      ->capture_default_str();
-  c->add_option("--kv-scale-dtype", o->scale_dtype, "fp32")->capture_default_str();
-  c->add_option("--kv-sink-tokens", o->sink_tokens, "first N tokens of each window kept in bf16 (0 disables)")
-      ->capture_default_str();
-  c->add_option("--block-size", o->block_size, "tokens per page: 16 or 32")->capture_default_str();
+  add_cache_options(c, o->cache, CacheCommand::kEval);
   c->add_option("--auto-start", o->auto_start, "first format `auto` tries before falling back to int8, then bf16")
       ->capture_default_str();
   c->add_option("--ctx", o->ctx, "tokens per window, BOS included (default: 2048 or the model's context)");
