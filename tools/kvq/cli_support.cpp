@@ -38,6 +38,7 @@ std::string flag_name(const CLI::Option& opt) {
 // Empty when `v` is a whole number (integer) / a number (floating point) in its entirety.
 std::string number_problem(const std::string& v, bool integer) {
   if (v.empty()) return integer ? "needs an integer value (got an empty one)" : "needs a number (got an empty value)";
+  // (parse_error_line words CLI11's "--flag=" refusal the same way.)
   const char* s = v.c_str();
   char* end = nullptr;
   errno = 0;
@@ -140,8 +141,13 @@ std::string parse_error_line(CLI::App& app, const CLI::ParseError& e) {
   if (starts_with(what, ": ")) what.erase(0, 2);  // a hidden option's check names the flag itself
   // "--kv-sink-tokens=" (nothing after '='): CLI11 says "1 required INT missing".
   const size_t missing = what.find(": 1 required ");
-  if (missing != std::string::npos && what.size() >= 8 && what.compare(what.size() - 8, 8, " missing") == 0)
-    what = what.substr(0, missing) + ": needs a value (got an empty one)";
+  if (missing != std::string::npos && what.size() >= 8 && what.compare(what.size() - 8, 8, " missing") == 0) {
+    const std::string type = what.substr(missing + 13);
+    const char* need = starts_with(type, "INT") || starts_with(type, "UINT") ? "needs an integer value (got an empty one)"
+                       : starts_with(type, "FLOAT")                          ? "needs a number (got an empty value)"
+                                                                             : "needs a value (got an empty one)";
+    what = what.substr(0, missing) + ": " + need;
+  }
   return path + ": " + what;
 }
 
