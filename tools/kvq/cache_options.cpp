@@ -86,16 +86,18 @@ const CacheFlagSet& cache_flag_set(CacheCommand cmd) {
 void add_cache_options(CLI::App* app, CacheCliOptions& o, CacheCommand cmd) {
   const CacheFlagSet& set = cache_flag_set(cmd);
   o = set.defaults;
+  const bool bench = cmd == CacheCommand::kBenchDecode || cmd == CacheCommand::kBenchWrite;
   const std::string lists = list_note(set.lists);
   if (set.dtype) {
-    std::string what = "auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8" + lists;
+    std::string what = std::string(bench ? "" : "auto|") + "bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8" + lists;
     if (cmd == CacheCommand::kEval)
       what += "; an entry may carry options after colons, e.g. fp8:per_tensor or int8:per_block_head:sink0:b32";
     app->add_option("--kv-cache-dtype", o.kv_cache_dtype, "KV cache storage: " + what)->capture_default_str();
   }
   if (set.granularity) {
     app->add_option("--kv-scale-granularity", o.kv_scale_granularity,
-                    "scales of the quantized dtypes: per_tensor|per_token_head|per_block_head" + lists)
+                    "scales of the quantized dtypes: per_tensor|per_token_head|per_block_head" +
+                        list_note(set.lists && cmd != CacheCommand::kBenchDecode))
         ->capture_default_str();
   }
   if (set.scale_dtype)
@@ -110,8 +112,7 @@ void add_cache_options(CLI::App* app, CacheCliOptions& o, CacheCommand cmd) {
                             ->capture_default_str());
   }
   if (set.backend) {
-    const char* what = cmd == CacheCommand::kBenchDecode || cmd == CacheCommand::kBenchWrite
-                           ? "what to time: cuda or auto (= cuda); CPU kernels are timed by kvq_bench_cpu"
+    const char* what = bench ? "what to time: cuda or auto (= cuda); CPU kernels are timed by kvq_bench_cpu"
                            : "where the model runs: cpu, cuda or auto (cuda when a GPU is present)";
     app->add_option("--backend", o.backend, what)
         ->check(CLI::IsMember(std::vector<std::string>(std::begin(kBackendChoices), std::end(kBackendChoices))))
