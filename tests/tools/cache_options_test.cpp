@@ -417,6 +417,21 @@ TEST(CliSupport, EveryNumericOptionRefusesAnEmptyValue) {
   const char* argv[] = {"kvq", "--text", ""};
   EXPECT_NO_THROW(app.parse(3, argv));  // an empty text is a value
   EXPECT_EQ(ctx, 7);
+  for (const auto& [flag, value] : std::vector<std::pair<const char*, const char*>>{
+           {"--seed", "-5"}, {"--ctx", "12abc"}, {"--ctx", " 3"}, {"--temperature", "0.5x"}}) {
+    const char* bad[] = {"kvq", flag, value};
+    try {
+      app.parse(3, bad);
+      ADD_FAILURE() << flag << " accepted '" << value << "'";
+    } catch (const CLI::ParseError& e) {
+      EXPECT_EQ(parse_error_line(app, e).rfind(std::string("kvq: ") + flag + ": needs", 0), 0u) << e.what();
+    }
+  }
+  const char* big[] = {"kvq", "--seed", "18446744073709551615", "--ctx", "-3", "--temperature", "1e-3"};
+  ASSERT_NO_THROW(app.parse(7, big));
+  EXPECT_EQ(seed, 18446744073709551615ull);
+  EXPECT_EQ(ctx, -3);  // the range is the command's to check
+  EXPECT_FLOAT_EQ(temp, 1e-3f);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "kvq/cli_support.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -35,15 +36,21 @@ std::string flag_name(const CLI::Option& opt) {
   return opt.get_name(true);
 }
 
-// Empty when `v` is a whole number (integer) / a number (floating point) in its entirety.
-std::string number_problem(const std::string& v, bool integer) {
+enum class NumberKind { kInt, kUint, kFloat };
+
+// Empty when `v` is, in its entirety, a number of the kind.
+std::string number_problem(const std::string& v, NumberKind kind) {
+  const bool integer = kind != NumberKind::kFloat;
   if (v.empty()) return integer ? "needs an integer value (got an empty one)" : "needs a number (got an empty value)";
   // (parse_error_line words CLI11's "--flag=" refusal the same way.)
   const char* s = v.c_str();
   char* end = nullptr;
   errno = 0;
-  if (integer) {
+  if (kind == NumberKind::kInt) {
     (void)std::strtoll(s, &end, 10);
+  } else if (kind == NumberKind::kUint) {
+    (void)std::strtoull(s, &end, 10);
+    if (v.front() == '-') end = const_cast<char*>(s);  // strtoull would wrap it
   } else {
     (void)std::strtod(s, &end);
   }
@@ -90,9 +97,11 @@ std::string version_text() {
 
 void refuse_empty_number(CLI::Option* opt) {
   const std::string type = opt->get_type_name();
-  const bool integer = starts_with(type, "INT") || starts_with(type, "UINT");
-  const bool floating = starts_with(type, "FLOAT");
-  if (!integer && !floating) return;
+  NumberKind kind;
+  if (starts_with(type, "INT")) kind = NumberKind::kInt;
+  else if (starts_with(type, "UINT")) kind = NumberKind::kUint;
+  else if (starts_with(type, "FLOAT")) kind = NumberKind::kFloat;
+  else return;
   try {
     (void)opt->get_validator(kNumberCheck);
     return;  // already checked
@@ -100,8 +109,8 @@ void refuse_empty_number(CLI::Option* opt) {
   }
   // A hidden option has no name in CLI11's messages, so the check names it itself.
   const std::string prefix = opt->get_group().empty() ? flag_name(*opt) + ": " : "";
-  CLI::Validator v([integer, prefix](std::string& value) {
-    std::string problem = number_problem(value, integer);
+  CLI::Validator v([kind, prefix](std::string& value) {
+    std::string problem = number_problem(value, kind);
     return problem.empty() ? problem : prefix + problem;
   }, "", kNumberCheck);
   // Added right after the option is created, it runs before the option's own range or membership check.
