@@ -82,13 +82,18 @@ int run_generate(const GenerateOptions& o) {
   // Stream by decoding the whole continuation each step and printing what is new, so multi-byte
   // characters split across tokens and the dummy-prefix space come out right.
   std::vector<int32_t> out;
-  std::string shown;
+  // Decoded after the prompt's ids, so a continuation's leading space (which a tokenizer drops at
+  // the start of a text) survives.
+  std::vector<int32_t> all = prompt;
+  const std::string prompt_text = tok.decode(prompt);
+  std::string shown = prompt_text;
   auto t_first = Clock::now();
   double prefill_s = -1;
   auto on_token = [&](int32_t id) {
     if (prefill_s < 0) prefill_s = seconds_since(t_first);
     out.push_back(id);
-    std::string now = tok.decode(out);
+    all.push_back(id);
+    std::string now = tok.decode(all);
     if (now.size() > shown.size() && now.compare(0, shown.size(), shown) == 0) {
       std::fwrite(now.data() + shown.size(), 1, now.size() - shown.size(), stdout);
       std::fflush(stdout);
