@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "kvq/common/checksum.h"
 #include "kvq/model/model.h"
+#include "kvq/model/pinned.h"
 
 namespace kvq::model {
 namespace {
@@ -99,6 +101,10 @@ Result<std::string> resolve_model_path(const std::string& name) {
     std::string p = cache_dir() + "/" + kSmolLM2File;
     if (!exists(p))
       return Status(StatusCode::kNotFound, "SmolLM2 is not downloaded (looked for " + p + "); run `kvq pull smollm2` first");
+    // The file kvq fetched itself is checked against the pinned hash (hashed once, then trusted
+    // through a size + mtime stamp beside it; see checksum.h).
+    KVQ_RETURN_IF_ERROR(verify_file_sha256(p, kSmolLM2Bytes, kSmolLM2Sha256, p + ".verified",
+                                           "run `kvq pull smollm2` to fetch it again"));
     return p;
   }
   if (name == "stories260K") {
