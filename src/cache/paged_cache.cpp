@@ -9,6 +9,9 @@
 
 namespace kvq::cache {
 namespace {
+Status no_planes(const std::string& what) {
+  return unsupported(what + " needs host planes; this cache is bookkeeping only (its planes live in a backend's memory)");
+}
 
 // Sink planes hold bf16 as uint16 and the quantizer writes 2-byte values little-endian, so the
 // two views of a sink row agree only on a little-endian host (every platform kvq targets).
@@ -94,6 +97,12 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
                          " GiB of host memory; use fewer pages");
   }
   try {
+    c->tensor_scale_set_.assign(static_cast<size_t>(g.num_layers) * 2, 0);
+    if (!cfg.host_planes) {
+      c->pool_ = BlockPool(cfg.num_pages);
+      c->sink_pool_ = BlockPool(cfg.num_sink_pages);
+      return c;
+    }
     c->layers_.resize(static_cast<size_t>(g.num_layers));
     for (Planes& p : c->layers_) {
       p.k_codes.resize(g.code_plane_bytes());
@@ -213,6 +222,7 @@ Result<SeqId> PagedKvCache::fork(SeqId parent) {
 
 Status PagedKvCache::copy_page(bool sink, int32_t from, int32_t to) {
   if (from == to) return Status::ok();
+  if (!cfg_.host_planes) return no_planes("copying a shared page");
   for (int l = 0; l < geom_.num_layers; ++l) {
     Planes& p = layers_[static_cast<size_t>(l)];
     if (sink) {
@@ -366,6 +376,7 @@ void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0,
 }
 
 Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const float* v, int n_tokens) {
+  if (!cfg_.host_planes) return no_planes("write()");
   KVQ_RETURN_IF_ERROR(check_seq(seq));
   KVQ_RETURN_IF_ERROR(check_layer(layer));
   if (n_tokens < 0 || pos0 < 0) {
@@ -445,6 +456,7 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
 }
 
 Status PagedKvCache::read_token(SeqId seq, int layer, int pos, float* k, float* v) const {
+  if (!cfg_.host_planes) return no_planes("read_token()");
   KVQ_RETURN_IF_ERROR(check_seq(seq));
   KVQ_RETURN_IF_ERROR(check_layer(layer));
   const Sequence& s = seqs_[static_cast<size_t>(seq)];
@@ -511,9 +523,15 @@ const std::vector<int32_t>& PagedKvCache::sink_table(SeqId seq) const {
   return has_sequence(seq) ? seqs_[static_cast<size_t>(seq)].sink_blocks : empty_table();
 }
 
+const PagedKvCache::Planes& PagedKvCache::planes(int layer) const {
+  static const Planes kNone;
+  if (!cfg_.host_planes || layer < 0 || layer >= geom_.num_layers) return kNone;
+  return layers_[static_cast<size_t>(layer)];
+}
+
 LayerView PagedKvCache::layer_view(int layer) {
   LayerView view;
-  if (layer < 0 || layer >= geom_.num_layers) return view;
+  if (!cfg_.host_planes || layer < 0 || layer >= geom_.num_layers) return view;
   Planes& p = layers_[static_cast<size_t>(layer)];
   view.k_codes = p.k_codes.data();
   view.v_codes = p.v_codes.data();

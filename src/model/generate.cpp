@@ -38,14 +38,13 @@ bool exists(const std::string& p) {
 
 }  // namespace
 
-int32_t sample_token(const float* logits, int vocab, const SamplingOptions& opts, uint64_t* rng_state) {
-  if (!(opts.temperature > 0.f)) return argmax(logits, vocab);
+int32_t sample_with_uniform(const float* logits, int vocab, float temperature, float top_p, double u) {
+  if (!(temperature > 0.f)) return argmax(logits, vocab);
   const float mx = logits[argmax(logits, vocab)];
   std::vector<double> p(vocab);
   double sum = 0;
-  for (int i = 0; i < vocab; ++i) sum += p[i] = std::exp((static_cast<double>(logits[i]) - mx) / opts.temperature);
-  const double u = next_unit(rng_state);
-  if (opts.top_p >= 1.f) {
+  for (int i = 0; i < vocab; ++i) sum += p[i] = std::exp((static_cast<double>(logits[i]) - mx) / temperature);
+  if (top_p >= 1.f) {
     double acc = 0, target = u * sum;
     for (int i = 0; i < vocab; ++i)
       if ((acc += p[i]) > target) return i;
@@ -55,7 +54,7 @@ int32_t sample_token(const float* logits, int vocab, const SamplingOptions& opts
   std::vector<int32_t> idx(vocab);
   std::iota(idx.begin(), idx.end(), 0);
   std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-  const double cut = std::max(0.0, static_cast<double>(opts.top_p)) * sum;
+  const double cut = std::max(0.0, static_cast<double>(top_p)) * sum;
   double mass = 0;
   size_t keep = 0;
   while (keep < idx.size()) {
@@ -68,24 +67,41 @@ int32_t sample_token(const float* logits, int vocab, const SamplingOptions& opts
   return idx[0];
 }
 
+double next_uniform(uint64_t* rng_state) { return next_unit(rng_state); }
+
+int32_t sample_token(const float* logits, int vocab, const SamplingOptions& opts, uint64_t* rng_state) {
+  if (!(opts.temperature > 0.f)) return argmax(logits, vocab);
+  return sample_with_uniform(logits, vocab, opts.temperature, opts.top_p, next_unit(rng_state));
+}
+
 Result<std::vector<int32_t>> generate(Runner& runner, const std::vector<int32_t>& prompt_ids, const SamplingOptions& opts,
                                       const std::function<void(int32_t)>& on_token) {
   if (prompt_ids.empty()) return invalid_argument("generate: the prompt is empty (start with BOS for an empty text)");
   if (!(opts.temperature >= 0.f) || !(opts.top_p > 0.f && opts.top_p <= 1.f))
     return invalid_argument("generate: temperature must be >= 0 and top_p in (0, 1]");
-  const int vocab = runner.model().config().vocab_size;
   const int32_t eos = runner.model().tokenizer().eos_id();
-  std::vector<float> logits(vocab);
-  KVQ_RETURN_IF_ERROR(runner.forward_last(prompt_ids.data(), static_cast<int>(prompt_ids.size()), logits.data()));
   uint64_t rng = opts.seed;
+  // The token is chosen on the runner's backend; the RNG stays here, so every backend draws the
+  // same uniforms (sample_token's order: one draw per token, none when greedy).
+  auto params = [&]() {
+    SampleParams p;
+    p.temperature = opts.temperature;
+    p.top_p = opts.top_p;
+    p.uniform = opts.temperature > 0.f ? next_uniform(&rng) : 0.0;
+    return p;
+  };
+  auto first = runner.forward_sample(prompt_ids.data(), static_cast<int>(prompt_ids.size()), params());
+  if (!first.is_ok()) return first.status();
+  int32_t id = first.value();
   std::vector<int32_t> out;
   for (int i = 0; i < opts.max_new_tokens; ++i) {
-    int32_t id = sample_token(logits.data(), vocab, opts, &rng);
     out.push_back(id);
     if (on_token) on_token(id);
     if ((opts.stop_at_eos && id == eos) || i + 1 == opts.max_new_tokens) break;
     if (runner.position() >= runner.max_tokens()) break;
-    KVQ_RETURN_IF_ERROR(runner.forward_last(&id, 1, logits.data()));
+    auto next = runner.forward_sample(&id, 1, params());
+    if (!next.is_ok()) return next.status();
+    id = next.value();
   }
   return out;
 }

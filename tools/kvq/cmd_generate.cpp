@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "kvq/backend/backend.h"
 #include "kvq/command.h"
 #include "kvq/format/auto_format.h"
 #include "kvq/model/model.h"
@@ -24,6 +25,7 @@ struct GenerateOptions {
   int max_new = 128;
   int max_tokens = 0;
   int threads = 0;
+  std::string backend = "auto";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -34,12 +36,17 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "kvq generate: %s\n", s.to_string().c_str());
     return 1;
   };
-  model::set_compute_threads(o.threads);
-  HardwareInfo hw;
-  hw.cpu = detect_cpu();
-  // The engine runs on the CPU, so `auto` is what this machine's CPU path prefers.
-  auto spec = parse_quant_spec(o.quant, choose_auto_format(hw).format);
+  if (!(o.temperature >= 0.f) || !(o.top_p > 0.f && o.top_p <= 1.f))
+    return fail(invalid_argument("--temperature must be >= 0 and --top-p in (0, 1]"));
+  auto kind = backend::resolve_backend(o.backend);
+  if (!kind.is_ok()) return fail(kind.status());
+  // `auto` is what the backend the model runs on prefers (fp8 on sm_89+ GPUs, int8 on CPUs).
+  auto spec = parse_quant_spec(o.quant, backend::auto_cache_format(kind.value()));
   if (!spec.is_ok()) return fail(spec.status());
+  backend::BackendOptions bo;
+  bo.cpu_threads = o.threads;
+  auto be = backend::create_backend(kind.value(), bo);
+  if (!be.is_ok()) return fail(be.status());
   auto path = model::resolve_model_path(o.model);
   if (!path.is_ok()) return fail(path.status());
 
@@ -60,9 +67,10 @@ int run_generate(const GenerateOptions& o) {
 
   int max_tokens = o.max_tokens > 0 ? o.max_tokens : static_cast<int>(prompt.size()) + o.max_new;
   max_tokens = std::min(max_tokens, c.max_seq_len);
-  auto runner = model::Runner::create(mod, spec.value(), max_tokens);
+  auto runner = model::Runner::create(mod, spec.value(), max_tokens, be.value().get());
   if (!runner.is_ok()) return fail(runner.status());
-  std::fprintf(stderr, "kv cache %s, prompt %zu tokens\n", spec.value().to_string().c_str(), prompt.size());
+  std::fprintf(stderr, "engine %s; kv cache %s, prompt %zu tokens\n", be.value()->describe().c_str(),
+               spec.value().to_string().c_str(), prompt.size());
 
   model::SamplingOptions so;
   so.temperature = o.temperature;
@@ -99,16 +107,19 @@ int run_generate(const GenerateOptions& o) {
   std::fprintf(stderr, "prefill %zu tokens in %.3f s (%.1f tok/s); decode %zu tokens in %.3f s (%.1f tok/s)\n",
                prompt.size(), prefill_s, prompt.size() / std::max(prefill_s, 1e-9), n > 0 ? n - 1 : 0, decode_s,
                (n > 1 ? n - 1 : 0) / std::max(decode_s, 1e-9));
-  auto mem = runner.value()->cache().memory_report();
+  const auto& book = runner.value()->cache();
+  const auto mem = book.memory_report();
+  const auto& g = book.geometry();
+  const double mib = 1048576.0;
   std::fprintf(stderr, "kv cache: %d pages + %d sink pages in use; planes %.2f MiB codes, %.2f MiB scales, %.2f MiB sink\n",
-               mem.pages_used, mem.sink_pages_used, mem.code_bytes / 1048576.0, mem.scale_bytes / 1048576.0,
-               mem.sink_bytes / 1048576.0);
+               mem.pages_used, mem.sink_pages_used, 2.0 * g.num_layers * g.code_plane_bytes() / mib,
+               2.0 * g.num_layers * g.scale_plane_bytes() / mib, 2.0 * g.num_layers * g.sink_plane_bytes() / mib);
   return 0;
 }
 
 const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()> {
   auto o = std::make_shared<GenerateOptions>();
-  CLI::App* sub = app.add_subcommand("generate", "Generate text with a model on the CPU engine over the quantized cache");
+  CLI::App* sub = app.add_subcommand("generate", "Generate text with a model over the quantized cache (CPU or CUDA engine)");
   sub->add_option("--model,-m", o->model, "Model file (GGUF or llama2.c), or an alias: smollm2, stories260K")
       ->capture_default_str();
   sub->add_option("--tokenizer", o->tokenizer, "llama2.c tokenizer file (default: tok<vocab>.bin beside the model)");
@@ -127,6 +138,9 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
   sub->add_option("-n,--max-new-tokens", o->max_new, "Tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
   sub->add_option("--max-tokens", o->max_tokens, "Cache capacity in tokens (default: prompt + n)");
+  sub->add_option("--backend", o->backend, "where the model runs: cpu, cuda or auto (cuda when a GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
   sub->add_option("--threads", o->threads, "BLAS threads for the matrix products (default: the BLAS default)");
   return [o] { return run_generate(*o); };
 }}};

@@ -75,6 +75,16 @@ struct CacheGeometry {
   }
 };
 
+// Destination of one token row in a cache write (backend::CacheWriteArgs::slot_mapping): a main
+// pool slot is page * block_size + slot (>= 0), a bf16 sink slot -(sink_page * block_size + slot) - 1.
+KVQ_HD int32_t encode_main_slot(int32_t page, int slot, int block_size) { return page * block_size + slot; }
+KVQ_HD int32_t encode_sink_slot(int32_t sink_page, int slot, int block_size) {
+  return -(sink_page * block_size + slot) - 1;
+}
+KVQ_HD bool slot_is_sink(int32_t s) { return s < 0; }
+KVQ_HD int32_t slot_page(int32_t s, int block_size) { return (s < 0 ? -s - 1 : s) / block_size; }
+KVQ_HD int slot_in_page(int32_t s, int block_size) { return (s < 0 ? -s - 1 : s) % block_size; }
+
 // Pointers to one layer's planes. Valid on the host or on the device, depending on the owner.
 struct LayerView {
   uint8_t* k_codes = nullptr;

@@ -46,6 +46,10 @@ struct CacheConfig {
   QuantSpec spec;
   int num_pages = 0;       // main pool, per layer
   int num_sink_pages = 0;  // bf16 sink pool, per layer (0 allowed when spec.sink_tokens == 0)
+  // false: bookkeeping only (sequences, block tables, pools) for a backend that keeps the planes in
+  // its own memory (backend::CacheStorage). Such a cache allocates no planes; write(), read_token()
+  // and page copies (fork, copy on write) return kUnsupported; layer_view() is all-null.
+  bool host_planes = true;
 };
 
 struct MemoryReport {
@@ -121,7 +125,9 @@ class PagedKvCache {
     AlignedVector<float> k_scales, v_scales;
     AlignedVector<uint16_t> k_sink, v_sink;
   };
-  const Planes& planes(int layer) const { return layers_[layer]; }  // layer in [0, num_layers)
+  // layer in [0, num_layers); empty planes when the cache holds none (host_planes false).
+  const Planes& planes(int layer) const;
+  bool has_host_planes() const { return cfg_.host_planes; }
   // per_block_head only (else nullptr): the exact amax behind each page-head scale of one layer,
   // [num_pages][num_kv_heads] floats for kv 0 (K) or 1 (V), so a device mirror can keep growing
   // the same scales. Host bookkeeping, not one of the 128-byte aligned planes.

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kvq/backend/backend.h"
 #include "kvq/cache/paged_cache.h"
 #include "kvq/common/status.h"
 #include "kvq/model/tokenizer.h"
@@ -51,24 +52,46 @@ class Model {
   std::unique_ptr<Weights> weights_;
 };
 
-// One sequence running on a paged cache with a given QuantSpec. forward() appends tokens to the
-// sequence (prefill in chunks when n > 1) and returns the next-token logits for every input
+enum class WeightsDType : uint8_t { kAuto, kF32, kBf16 };  // auto: fp32 on cpu, bf16 on cuda
+
+// One row's sampling choice for a backend (backend::SampleArgs).
+struct SampleParams {
+  float temperature = 0.f;  // 0: greedy
+  float top_p = 1.f;
+  double uniform = 0.0;     // the row's draw in [0, 1) (next_uniform)
+};
+
+struct RunnerOptions {
+  WeightsDType weights = WeightsDType::kAuto;
+  bool cuda_graphs = true;
+};
+
+class Engine;
+
+// One sequence on an Engine (kvq/model/engine.h) with a given QuantSpec. forward() appends tokens
+// to the sequence (prefill in chunks when n > 1) and returns the next-token logits for every input
 // position. Every token attends over the cache *as stored* (quantized pages + bf16 sink), in
 // prefill too, so teacher-forced perplexity measures exactly what decode would see.
 class Runner {
  public:
-  static Result<std::unique_ptr<Runner>> create(const Model& model, const QuantSpec& spec, int max_tokens);
+  // `backend` null: a CPU backend owned by the runner; else the caller's, which must outlive it.
+  static Result<std::unique_ptr<Runner>> create(const Model& model, const QuantSpec& spec, int max_tokens,
+                                                backend::Backend* backend = nullptr, const RunnerOptions& opts = {});
   ~Runner();
   // `logits` may be null (prefill only, the classifier is skipped).
   Status forward(const int32_t* tokens, int n, float* logits /* [n][vocab] */);
   // Same, but computes only the logits of the last position (generation: the classifier over a
   // long prompt would dominate the prefill cost and memory).
   Status forward_last(const int32_t* tokens, int n, float* logits /* [vocab] */);
+  // forward_last, then the next token sampled on the backend (only the id crosses to the host).
+  Result<int32_t> forward_sample(const int32_t* tokens, int n, const SampleParams& p);
   Status reset();  // empty sequence, pages returned to the pool
   int position() const;
   int max_tokens() const;
   const Model& model() const;
-  const cache::PagedKvCache& cache() const;
+  const cache::PagedKvCache& cache() const;  // bookkeeping; on the cpu backend also the planes
+  Engine& engine();
+  cache::SeqId sequence() const;
 
  private:
   Runner() = default;
@@ -98,7 +121,12 @@ Result<std::string> resolve_model_path(const std::string& name_or_path);
 void set_compute_threads(int n);
 int compute_threads();
 
-// Samples one id from logits[vocab] (greedy when opts.temperature == 0); `rng_state` is advanced.
+// The sampling rule every backend follows (backend::SampleArgs), given the uniform draw u in [0, 1).
+int32_t sample_with_uniform(const float* logits, int vocab, float temperature, float top_p, double u);
+// The next uniform draw in [0, 1) of kvq's sampler RNG (splitmix64); advances `rng_state`.
+double next_uniform(uint64_t* rng_state);
+// Samples one id from logits[vocab] (greedy when opts.temperature == 0, which draws nothing);
+// otherwise draws one uniform and calls sample_with_uniform. `rng_state` is advanced.
 int32_t sample_token(const float* logits, int vocab, const SamplingOptions& opts, uint64_t* rng_state);
 
 // Appends `prompt_ids` to the runner's sequence and generates after them; returns the new ids
