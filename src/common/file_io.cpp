@@ -24,7 +24,7 @@ const char* kind_of(mode_t m) {
   if (S_ISBLK(m)) return "a block device";
   if (S_ISSOCK(m)) return "a socket";
   if (S_ISREG(m)) return "";
-  return "not a regular file";
+  return "a special file";
 }
 
 Status not_regular(std::string_view what, const std::string& path, mode_t m) {

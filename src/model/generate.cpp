@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "kvq/common/checksum.h"
+#include "kvq/common/file_io.h"
 #include "kvq/model/model.h"
 #include "kvq/model/pinned.h"
 
@@ -128,7 +129,12 @@ Result<std::string> resolve_model_path(const std::string& name) {
     if (!exists(p)) return Status(StatusCode::kNotFound, "stories260K not found at " + p + " (the project's shared data)");
     return p;
   }
-  if (!exists(name)) return Status(StatusCode::kNotFound, "model file '" + name + "' does not exist");
+  if (!exists(name)) {
+    // Say what the path is when it is not a regular file (a directory, FIFO, device...).
+    const std::string kind = describe_non_regular(name);
+    if (!kind.empty()) return invalid_argument("model file '" + name + "' is " + kind + ", not a regular file");
+    return Status(StatusCode::kNotFound, "model file '" + name + "' does not exist");
+  }
   return name;
 }
 
