@@ -44,6 +44,8 @@ Status write_logits_dump(const std::string& path, const LogitsDump& d) {
 }
 
 Result<LogitsDump> read_logits_dump(const std::string& path) {
+  // Only regular files (a directory or FIFO is refused by name, never read or waited on).
+  if (auto in = InputFile::open(path, "logits dump"); !in.is_ok()) return in.status();
   std::ifstream f(path, std::ios::binary);
   if (!f) return Status(StatusCode::kNotFound, "cannot open logits dump '" + path + "': " + std::strerror(errno));
   f.seekg(0, std::ios::end);

@@ -285,6 +285,7 @@ Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const gguf::File& f) {
   const gguf::Value* mv = f.find("tokenizer.ggml.merges");
   if (!mv || mv->type != gguf::ValueType::kArray || mv->elem_type != gguf::ValueType::kString)
     return corrupt_input("GGUF tokenizer: a gpt2 tokenizer needs tokenizer.ggml.merges (array of strings)");
+  if (mv->strings.size() > static_cast<size_t>(INT32_MAX)) return corrupt_input("GGUF tokenizer: too many merges");
   tok->merge_rank.reserve(mv->strings.size());
   for (size_t r = 0; r < mv->strings.size(); ++r) {
     const std::string& m = mv->strings[r];
