@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Sets up and runs the test suite: the default build (CUDA compiled when nvcc is present; GPU tests
-# skip without a GPU), then the same suite under AddressSanitizer + UBSan (CPU only).
-#   scripts/test.sh            both configurations
-#   scripts/test.sh default    only the default build
-#   scripts/test.sh sanitize   only the sanitizer build
+# Sets up and runs the test suite, in stages:
+#   default   Release build in build/ (-Werror; CUDA compiled when nvcc is present, for one
+#             architecture, KVQ_TEST_CUDA_ARCH (default 90a-real: the H200 the kernels are tuned
+#             for); GPU tests skip without a GPU; no benchmarks)
+#   sanitize  the CPU tests and the CLI under AddressSanitizer + UBSan incl. float-cast-overflow
+#             (build-asan/, CUDA off)
+#   fuzz      each libFuzzer target for KVQ_FUZZ_SECONDS (default 30) s under ASan + UBSan
+#             (scripts/fuzz.sh, build-fuzz/)
+#   scripts/test.sh [all|default|sanitize|fuzz]    (default: all; each stage's time is printed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -11,20 +15,34 @@ bash scripts/deps.sh
 python3 scripts/pull_smollm2.py
 jobs=$(nproc)
 which="${1:-all}"
+case $which in all|default|sanitize|fuzz) ;; *) echo "usage: scripts/test.sh [all|default|sanitize|fuzz]" >&2; exit 2;; esac
 run_config() {
   local dir=$1; shift
   cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
   cmake --build "$dir" -j "$jobs"
   (cd "$dir" && ctest --output-on-failure -j "$jobs" --timeout 1200)
 }
+timings=()
+stage() {  # stage NAME COMMAND...: runs it and records its wall time
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "== $name =="
+  "$@"
+  timings+=("$name: $((SECONDS - t0)) s")
+}
 if [[ $which == all || $which == default ]]; then
-  echo "== default build (build/) =="
-  run_config build -DCMAKE_BUILD_TYPE=Release -DKVQ_WERROR=ON
+  stage "default build (build/)" run_config build -DCMAKE_BUILD_TYPE=Release -DKVQ_WERROR=ON -DKVQ_BUILD_BENCH=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES="${KVQ_TEST_CUDA_ARCH:-90a-real}"
 fi
 if [[ $which == all || $which == sanitize ]]; then
-  echo "== AddressSanitizer + UBSan build (build-asan/) =="
-  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    # Warnings are enforced (-Werror) by the default build of the same code; GCC 12's flow warnings
-    # (-Wmaybe-uninitialized inside std::regex, -Wrestrict) give false positives under -fsanitize.
-    run_config build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVQ_WERROR=OFF -DKVQ_SANITIZE=ON -DKVQ_CUDA=OFF -DKVQ_BUILD_BENCH=OFF
+  # Exported (not a prefix of the command) so the settings reach every test process ctest starts.
+  # Warnings are enforced (-Werror) by the default build of the same code; GCC 12's flow warnings
+  # (-Wmaybe-uninitialized inside std::regex, -Wrestrict) give false positives under -fsanitize.
+  export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  stage "AddressSanitizer + UBSan build (build-asan/)" run_config build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DKVQ_WERROR=OFF -DKVQ_SANITIZE=ON -DKVQ_CUDA=OFF -DKVQ_BUILD_BENCH=OFF
 fi
+if [[ $which == all || $which == fuzz ]]; then
+  stage "fuzz (build-fuzz/)" bash scripts/fuzz.sh "${KVQ_FUZZ_SECONDS:-30}"
+fi
+printf '%s\n' "== stage times ==" "${timings[@]}"

@@ -1,5 +1,7 @@
 #include "kvq/common/hardware.h"
 
+#include <unistd.h>
+
 #include <fstream>
 #include <string>
 #include <thread>
@@ -58,6 +60,12 @@ CpuInfo detect_cpu() {
   info.fma = __builtin_cpu_supports("fma");
 #endif
   return info;
+}
+
+uint64_t physical_memory_bytes() {
+  long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
 }
 
 }  // namespace kvq

@@ -4,6 +4,10 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <string>
+
+#include "kvq/common/checked.h"
+#include "kvq/common/file_io.h"
 
 namespace kvq::eval {
 
@@ -13,8 +17,8 @@ namespace {
 constexpr char kMagic[8] = {'K', 'V', 'Q', 'L', 'O', 'G', 'v', '1'};
 
 template <class T>
-void put(std::ofstream& f, const T* p, size_t n) {
-  f.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n * sizeof(T)));
+void put(std::string& out, const T* p, size_t n) {
+  out.append(reinterpret_cast<const char*>(p), n * sizeof(T));
 }
 template <class T>
 bool get(std::ifstream& f, T* p, size_t n) {
@@ -26,21 +30,22 @@ bool get(std::ifstream& f, T* p, size_t n) {
 Status write_logits_dump(const std::string& path, const LogitsDump& d) {
   if (d.vocab <= 0 || d.logits.size() != d.tokens.size() * static_cast<size_t>(d.vocab))
     return invalid_argument("logits dump: logits must be tokens x vocab");
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return Status(StatusCode::kNotFound, "cannot write logits dump '" + path + "': " + std::strerror(errno));
-  const int32_t head[4] = {d.vocab, static_cast<int32_t>(d.text_ids.size()), static_cast<int32_t>(d.tokens.size()),
-                           d.bos ? 1 : 0};
-  f.write(kMagic, sizeof kMagic);
-  put(f, head, 4);
-  put(f, d.text_ids.data(), d.text_ids.size());
-  put(f, d.tokens.data(), d.tokens.size());
-  put(f, d.logits.data(), d.logits.size());
-  f.flush();
-  if (!f) return internal_error("short write to logits dump '" + path + "' (disk full?)");
-  return Status::ok();
+  int32_t n_text = 0, n_tokens = 0;
+  if (!checked_narrow(d.text_ids.size(), &n_text) || !checked_narrow(d.tokens.size(), &n_tokens))
+    return invalid_argument("logits dump: more than 2^31 tokens");
+  const int32_t head[4] = {d.vocab, n_text, n_tokens, d.bos ? 1 : 0};
+  std::string bytes(kMagic, sizeof kMagic);
+  put(bytes, head, 4);
+  put(bytes, d.text_ids.data(), d.text_ids.size());
+  put(bytes, d.tokens.data(), d.tokens.size());
+  put(bytes, d.logits.data(), d.logits.size());
+  // Temporary file + rename: an interrupted or failed write never leaves a truncated dump.
+  return write_file_atomic(path, bytes, "logits dump");
 }
 
 Result<LogitsDump> read_logits_dump(const std::string& path) {
+  // Only regular files (a directory or FIFO is refused by name, never read or waited on).
+  if (auto in = InputFile::open(path, "logits dump"); !in.is_ok()) return in.status();
   std::ifstream f(path, std::ios::binary);
   if (!f) return Status(StatusCode::kNotFound, "cannot open logits dump '" + path + "': " + std::strerror(errno));
   f.seekg(0, std::ios::end);

@@ -5,19 +5,44 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+
+#include "kvq/common/checked.h"
+#include "kvq/common/file_io.h"
 
 namespace kvq::eval {
 
-Result<EvalText> read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status(StatusCode::kNotFound, "cannot open text file '" + path + "': " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) return Status(StatusCode::kCorruptInput, "error while reading text file '" + path + "'");
-  EvalText t{ss.str(), path};
-  if (t.text.empty()) return invalid_argument("text file '" + path + "' is empty");
+uint64_t text_bytes_for_tokens(int64_t tokens) {
+  if (tokens <= 0) return 0;
+  uint64_t b = 0;
+  if (!checked_mul(static_cast<uint64_t>(tokens), kTextBytesPerBudgetToken, &b) || b > kMaxTextBytes) return kMaxTextBytes;
+  return std::max(b, kMinTextPrefixBytes);
+}
+
+Result<EvalText> read_text_file(const std::string& path, uint64_t max_bytes) {
+  FilePrefix p;
+  if (max_bytes == 0) {  // whole file: refused by its size before anything is read
+    auto f = read_file(path, kMaxTextBytes, "text file");
+    if (!f.is_ok()) return f.status();
+    p.bytes = std::move(f).value();
+    p.file_size = p.bytes.size();
+  } else {
+    auto f = read_file_prefix(path, std::min(max_bytes, kMaxTextBytes), "text file");
+    if (!f.is_ok()) return f.status();
+    p = std::move(f).value();
+  }
+  if (p.file_size == 0) return invalid_argument("text file '" + path + "' is empty");
+  const bool truncated = p.truncated();
+  EvalText t{std::move(p.bytes), path};
+  if (truncated) {
+    // Cut at a character boundary: drop the UTF-8 continuation bytes of a split last character,
+    // and the lead byte they belong to.
+    size_t end = t.text.size();
+    while (end > 0 && (static_cast<unsigned char>(t.text[end - 1]) & 0xC0) == 0x80) --end;
+    if (end > 0 && static_cast<unsigned char>(t.text[end - 1]) >= 0xC0) --end;
+    if (end > 0) t.text.resize(end);
+    t.source += " (first " + std::to_string(t.text.size()) + " of " + std::to_string(p.file_size) + " bytes)";
+  }
   return t;
 }
 

@@ -6,7 +6,10 @@
 #include <cstdlib>
 #include <numeric>
 
+#include "kvq/common/checksum.h"
+#include "kvq/common/file_io.h"
 #include "kvq/model/model.h"
+#include "kvq/model/pinned.h"
 
 namespace kvq::model {
 namespace {
@@ -115,6 +118,10 @@ Result<std::string> resolve_model_path(const std::string& name) {
     std::string p = cache_dir() + "/" + kSmolLM2File;
     if (!exists(p))
       return Status(StatusCode::kNotFound, "SmolLM2 is not downloaded (looked for " + p + "); run `kvq pull smollm2` first");
+    // The file kvq fetched itself is checked against the pinned hash (hashed once, then trusted
+    // through a size + mtime stamp beside it; see checksum.h).
+    KVQ_RETURN_IF_ERROR(verify_file_sha256(p, kSmolLM2Bytes, kSmolLM2Sha256, p + ".verified",
+                                           "run `kvq pull smollm2` to fetch it again"));
     return p;
   }
   if (name == "stories260K") {
@@ -122,7 +129,12 @@ Result<std::string> resolve_model_path(const std::string& name) {
     if (!exists(p)) return Status(StatusCode::kNotFound, "stories260K not found at " + p + " (the project's shared data)");
     return p;
   }
-  if (!exists(name)) return Status(StatusCode::kNotFound, "model file '" + name + "' does not exist");
+  if (!exists(name)) {
+    // Say what the path is when it is not a regular file (a directory, FIFO, device...).
+    const std::string kind = describe_non_regular(name);
+    if (!kind.empty()) return invalid_argument("model file '" + name + "' is " + kind + ", not a regular file");
+    return Status(StatusCode::kNotFound, "model file '" + name + "' does not exist");
+  }
   return name;
 }
 

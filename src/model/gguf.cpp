@@ -1,15 +1,14 @@
 // GGUF container: "GGUF" magic, u32 version, u64 tensor count, u64 metadata count, metadata
 // (string key, u32 type, value), tensor table (name, u32 n_dims, u64 dims, u32 type, u64 offset),
 // padding to general.alignment, then the tensor data section.
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 
+#include "kvq/common/checked.h"
+#include "kvq/common/file_io.h"
 #include "kvq/model/gguf.h"
 
 namespace kvq::model::gguf {
@@ -184,12 +183,12 @@ Status read_value(Reader& r, uint32_t raw_type, Value* v, uint32_t depth) {
   if (count > r.left() / min_elem)
     return corrupt_input("metadata array of " + std::to_string(count) + " " + value_type_name(v->elem_type) +
                          " elements does not fit in the " + std::to_string(r.left()) + " bytes left in the file");
+  // Elements are appended as they are read (not allocated up front from `count`), so memory
+  // follows the bytes actually present.
   if (v->elem_type == ValueType::kString) {
-    v->strings.resize(count);
-    for (auto& s : v->strings) KVQ_RETURN_IF_ERROR(r.read_string(&s, "metadata array string"));
+    for (uint64_t k = 0; k < count; ++k) KVQ_RETURN_IF_ERROR(r.read_string(&v->strings.emplace_back(), "metadata array string"));
   } else if (v->elem_type == ValueType::kArray) {
-    v->arrays.resize(count);
-    for (auto& a : v->arrays) KVQ_RETURN_IF_ERROR(read_value(r, et, &a, depth + 1));
+    for (uint64_t k = 0; k < count; ++k) KVQ_RETURN_IF_ERROR(read_value(r, et, &v->arrays.emplace_back(), depth + 1));
   } else {
     v->numbers.resize(count);
     Value s;
@@ -208,32 +207,20 @@ File::~File() {
 }
 
 Result<std::unique_ptr<File>> File::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int e = errno;
-    Status s(e == ENOENT ? StatusCode::kNotFound : StatusCode::kInvalidArgument,
-             "cannot open GGUF file '" + path + "': " + std::strerror(e));
-    return s;
-  }
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return invalid_argument("'" + path + "' is not a regular file");
-  }
+  // Refuses directories, FIFOs and devices by name (and never waits on a FIFO) before mapping.
+  auto in = InputFile::open(path, "GGUF file");
+  if (!in.is_ok()) return in.status();
+  uint64_t size = in.value().size();
+  if (size > static_cast<uint64_t>(SIZE_MAX)) return invalid_argument("GGUF file '" + path + "' is too large to map");
   std::unique_ptr<File> f(new File());
   f->name_ = path;
-  f->size_ = static_cast<size_t>(st.st_size);
+  f->size_ = static_cast<size_t>(size);
   if (f->size_ > 0) {
-    void* m = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (m == MAP_FAILED) {
-      int e = errno;
-      ::close(fd);
-      return invalid_argument("cannot map '" + path + "': " + std::strerror(e));
-    }
+    void* m = mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, in.value().fd(), 0);
+    if (m == MAP_FAILED) return invalid_argument("cannot map GGUF file '" + path + "': " + std::strerror(errno));
     f->map_ = m;
     f->data_ = static_cast<const uint8_t*>(m);
   }
-  ::close(fd);
   KVQ_RETURN_IF_ERROR(f->parse_all());
   return f;
 }
@@ -294,8 +281,9 @@ Status File::parse_all() {
     alignment_ = static_cast<uint64_t>(av.value());
   }
 
-  tensors_.resize(n_tensors);
-  for (auto& t : tensors_) {
+  tensors_.clear();
+  for (uint64_t k = 0; k < n_tensors; ++k) {
+    TensorInfo& t = tensors_.emplace_back();
     KVQ_RETURN_IF_ERROR(wrap(r.read_string(&t.name, "tensor name")));
     uint32_t nd = 0;
     KVQ_RETURN_IF_ERROR(wrap(r.read(&nd, "tensor dimension count")));
@@ -315,10 +303,15 @@ Status File::parse_all() {
     KVQ_RETURN_IF_ERROR(wrap(r.read(&t.type, "tensor type")));
     KVQ_RETURN_IF_ERROR(wrap(r.read(&t.offset, "tensor offset")));
   }
+  // r.pos() <= size_ and alignment_ <= 1 MiB: no overflow.
   data_start_ = (static_cast<uint64_t>(r.pos()) + alignment_ - 1) / alignment_ * alignment_;
 
-  for (const auto& t : tensors_) {
-    if (find_tensor(t.name) != &t) return wrap(corrupt_input("tensor name '" + t.name + "' appears twice"));
+  // Names are indexed once (a hash map, O(n)); find_tensor uses the index.
+  tensor_index_.clear();
+  tensor_index_.reserve(tensors_.size());
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    if (!tensor_index_.emplace(std::string_view(tensors_[i].name), i).second)
+      return wrap(corrupt_input("tensor name '" + tensors_[i].name + "' appears twice"));
   }
   // Sizes are checked for every tensor, also of unsupported types, so the table is trustworthy;
   // types kvq cannot decode are only refused when a tensor is read.
@@ -331,7 +324,10 @@ Status File::parse_all() {
     if (t.dims[0] % static_cast<uint64_t>(layout->elems) != 0)
       return wrap(corrupt_input("tensor '" + t.name + "' row of " + std::to_string(t.dims[0]) +
                                 " values is not a whole number of " + tensor_type_name(t.type) + " blocks"));
-    t.n_bytes = t.n_elems / static_cast<uint64_t>(layout->elems) * static_cast<uint64_t>(layout->bytes);
+    auto n_bytes = checked_product({t.n_elems / static_cast<uint64_t>(layout->elems), static_cast<uint64_t>(layout->bytes)},
+                                   "byte count of tensor '" + t.name + "'");
+    if (!n_bytes.is_ok()) return wrap(n_bytes.status());
+    t.n_bytes = n_bytes.value();
     if (data_start_ > size_ || t.offset > size_ - data_start_ || t.n_bytes > size_ - data_start_ - t.offset)
       return wrap(corrupt_input("tensor '" + t.name + "' (" + std::to_string(t.n_bytes) + " bytes at offset " +
                                 std::to_string(t.offset) + ") runs past the end of the file; is it truncated?"));
@@ -345,9 +341,8 @@ const Value* File::find(std::string_view key) const {
 }
 
 const TensorInfo* File::find_tensor(std::string_view name) const {
-  for (const auto& t : tensors_)
-    if (t.name == name) return &t;
-  return nullptr;
+  auto it = tensor_index_.find(name);
+  return it == tensor_index_.end() ? nullptr : &tensors_[it->second];
 }
 
 namespace {

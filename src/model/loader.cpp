@@ -1,22 +1,37 @@
 // Model::load and the two weight loaders (llama2.c version-0 checkpoints, GGUF `llama`).
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <climits>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 
+#include "kvq/common/checked.h"
+#include "kvq/common/file_io.h"
+#include "kvq/common/hardware.h"
 #include "kvq/model/gguf.h"
 #include "weights.h"
 
 namespace kvq::model {
 namespace {
 
+// Size of a regular model file; directories, FIFOs and devices are refused by name.
 Result<uint64_t> file_size(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) return Status(StatusCode::kNotFound, "model file '" + path + "' does not exist");
-  if (!S_ISREG(st.st_mode)) return invalid_argument("model path '" + path + "' is not a regular file");
-  return static_cast<uint64_t>(st.st_size);
+  auto f = InputFile::open(path, "model file");
+  if (!f.is_ok()) return f.status();
+  return f.value().size();
+}
+
+// Refuses (kOutOfMemory, naming the model) fp32 weights that cannot fit in this machine's memory,
+// before anything is allocated.
+Status check_weight_memory(const std::string& path, uint64_t bytes) {
+  const uint64_t phys = physical_memory_bytes();
+  if (phys != 0 && bytes > phys)
+    return out_of_memory("model '" + path + "' needs " + std::to_string(bytes >> 20) + " MiB of fp32 weights but this machine has " +
+                         std::to_string(phys >> 20) + " MiB of memory");
+  return Status::ok();
 }
 
 std::string dirname_of(const std::string& path) {
@@ -89,16 +104,22 @@ Status load_llama2c(const std::string& path, const std::string& tokenizer_path, 
 
   const uint64_t dim = c.dim, hid = c.hidden_dim, L = c.n_layers, V = c.vocab_size, hd = c.head_dim;
   const uint64_t qd = static_cast<uint64_t>(c.n_heads) * hd, kvd = static_cast<uint64_t>(c.n_kv_heads) * hd;
-  uint64_t floats = V * dim + L * (2 * dim + qd * dim + 2 * kvd * dim + dim * qd + 3 * hid * dim) + dim +
-                    static_cast<uint64_t>(c.max_seq_len) * hd;  // legacy RoPE tables (real + imag halves)
-  if (!c.tied_embeddings) floats += V * dim;
-  const uint64_t expect = sizeof(h) + 4 * floats;
+  // validate_config bounds every factor (dim <= 2^16, layers <= 2^10, ...), but the sizes are
+  // still computed with checked arithmetic so no header can make them wrap.
+  uint64_t per_layer = 0, floats = 0, expect = 0;
+  bool ok = checked_add(2 * dim, 2 * qd * dim, &per_layer) && checked_add(per_layer, 2 * kvd * dim, &per_layer) &&
+            checked_add(per_layer, 3 * hid * dim, &per_layer) && checked_mul(per_layer, L, &floats) &&
+            checked_add(floats, V * dim * (c.tied_embeddings ? 1 : 2), &floats) && checked_add(floats, dim, &floats) &&
+            checked_add(floats, static_cast<uint64_t>(c.max_seq_len) * hd, &floats) &&  // legacy RoPE tables
+            checked_mul(floats, uint64_t{4}, &expect) && checked_add(expect, uint64_t{sizeof(h)}, &expect);
+  if (!ok) return corrupt_input("'" + path + "': the size implied by its header overflows 64 bits");
   if (size.value() != expect)
     return corrupt_input("'" + path + "' has " + std::to_string(size.value()) + " bytes but its header (dim " +
                          std::to_string(c.dim) + ", " + std::to_string(c.n_layers) + " layers, vocab " +
                          std::to_string(c.vocab_size) + ") implies " + std::to_string(expect) +
                          "; not a llama2.c version-0 checkpoint, or truncated");
 
+  KVQ_RETURN_IF_ERROR(check_weight_memory(path, expect));
   auto w = std::make_unique<Weights>();
   Status st = Status::ok();
   auto read = [&](std::vector<float>& v, uint64_t n) {
@@ -217,6 +238,13 @@ Status load_gguf(const std::string& path, Model& m) {
   auto eps = meta_float(f, "llama.attention.layer_norm_rms_epsilon", 1e-5);
   if (!theta.is_ok()) return theta.status();
   if (!eps.is_ok()) return eps.status();
+  // Checked in double before narrowing: a NaN or a value beyond float's range would otherwise
+  // become inf (or, converted on to an integer later, undefined behaviour).
+  if (!std::isfinite(theta.value()) || theta.value() <= 1 || theta.value() > 1e30)
+    return corrupt_input("GGUF '" + path + "': llama.rope.freq_base " + std::to_string(theta.value()) + " is out of range");
+  if (!(eps.value() > 0 && eps.value() < 1))
+    return corrupt_input("GGUF '" + path + "': llama.attention.layer_norm_rms_epsilon " + std::to_string(eps.value()) +
+                         " is not in (0, 1)");
   c.rope_theta = static_cast<float>(theta.value());
   c.norm_eps = static_cast<float>(eps.value());
   c.head_dim = c.n_heads > 0 ? c.dim / c.n_heads : 0;
@@ -246,6 +274,17 @@ Status load_gguf(const std::string& path, Model& m) {
 
   const uint64_t dim = c.dim, hid = c.hidden_dim, V = c.vocab_size;
   const uint64_t qd = static_cast<uint64_t>(c.n_heads) * c.head_dim, kvd = static_cast<uint64_t>(c.n_kv_heads) * c.head_dim;
+  // Every tensor's byte count and offset were checked against the file length by the parser;
+  // here the fp32 copies the engine keeps are checked against memory before any is allocated.
+  {
+    uint64_t elems = 0;
+    for (const auto& t : f.tensors()) {
+      if (!checked_add(elems, t.n_elems, &elems)) return corrupt_input("GGUF '" + path + "': total tensor size overflows");
+    }
+    uint64_t bytes = 0;
+    if (!checked_mul(elems, uint64_t{4}, &bytes)) return corrupt_input("GGUF '" + path + "': total tensor size overflows");
+    KVQ_RETURN_IF_ERROR(check_weight_memory(path, bytes));
+  }
   auto w = std::make_unique<Weights>();
   KVQ_RETURN_IF_ERROR(read_tensor(f, "token_embd.weight", {dim, V}, &w->tok_embedding));
   KVQ_RETURN_IF_ERROR(read_tensor(f, "output_norm.weight", {dim}, &w->final_norm));
@@ -271,13 +310,13 @@ Status load_gguf(const std::string& path, Model& m) {
 }
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& path, const std::string& tokenizer_path) {
-  auto size = file_size(path);
-  if (!size.is_ok()) return size.status();
   char magic[4] = {};
   {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return Status(StatusCode::kNotFound, "cannot open model file '" + path + "'");
-    f.read(magic, 4);
+    auto f = InputFile::open(path, "model file");
+    if (!f.is_ok()) return f.status();
+    if (f.value().size() < 4) return corrupt_input("model file '" + path + "' is too short to be a model (" +
+                                                   std::to_string(f.value().size()) + " bytes)");
+    if (::pread(f.value().fd(), magic, 4, 0) != 4) return invalid_argument("cannot read model file '" + path + "'");
   }
   auto m = ModelLoaderAccess::make();
   // llama2.c export versions 1+ start with the u32 magic 0x616b3432, bytes "24ka" on disk.

@@ -11,6 +11,7 @@
 #include <queue>
 #include <unordered_map>
 
+#include "kvq/common/checked.h"
 #include "kvq/model/gguf.h"
 #include "kvq/model/tokenizer.h"
 #include "unicode.h"
@@ -274,13 +275,17 @@ Result<std::unique_ptr<Tokenizer>> load_gguf_tokenizer(const gguf::File& f) {
   if (const gguf::Value* ty = f.find("tokenizer.ggml.token_type")) {
     if (ty->type != gguf::ValueType::kArray || ty->array_size() != static_cast<size_t>(n) || ty->numbers.size() != static_cast<size_t>(n))
       return corrupt_input("GGUF tokenizer: tokenizer.ggml.token_type must be one integer per token");
-    for (int32_t i = 0; i < n; ++i) tok->types[i] = static_cast<int>(ty->numbers[i]);
+    // The numbers array holds doubles (any scalar element type): convert only exact integers.
+    for (int32_t i = 0; i < n; ++i)
+      if (!checked_float_to_int(ty->numbers[i], &tok->types[i]))
+        return corrupt_input("GGUF tokenizer: tokenizer.ggml.token_type[" + std::to_string(i) + "] is not an integer");
   }
   for (int32_t i = 0; i < n; ++i) tok->vocab.emplace(tok->tokens[i], i);
 
   const gguf::Value* mv = f.find("tokenizer.ggml.merges");
   if (!mv || mv->type != gguf::ValueType::kArray || mv->elem_type != gguf::ValueType::kString)
     return corrupt_input("GGUF tokenizer: a gpt2 tokenizer needs tokenizer.ggml.merges (array of strings)");
+  if (mv->strings.size() > static_cast<size_t>(INT32_MAX)) return corrupt_input("GGUF tokenizer: too many merges");
   tok->merge_rank.reserve(mv->strings.size());
   for (size_t r = 0; r < mv->strings.size(); ++r) {
     const std::string& m = mv->strings[r];

@@ -3,13 +3,12 @@
 // dummy space, then repeatedly merges the adjacent pair whose concatenation is the best-scoring
 // piece, leftmost first on ties.
 #include <array>
-#include <cstdio>
+#include <cmath>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <queue>
 #include <unordered_map>
 
+#include "kvq/common/file_io.h"
 #include "kvq/model/tokenizer.h"
 #include "unicode.h"
 
@@ -17,6 +16,25 @@ namespace kvq::model {
 namespace {
 
 constexpr int32_t kUnk = 0, kBos = 1, kEos = 2;
+// Bounds of the tokenizer file: kvq's largest vocabulary (1 << 22 tokens, validate_config) of
+// pieces of at most kMaxPieceBytes bytes would be far larger; real files are well under 1 MiB.
+constexpr uint64_t kMaxTokenizerBytes = 256ull << 20;
+constexpr int32_t kMaxPieceBytes = 1 << 16;
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// The byte a "<0xXX>" piece stands for (0..255), or -1. Exactly two hex digits: sscanf's %x would
+// also take a sign ("<0x-1>" read as 0xFFFFFFFF), which once indexed far outside byte_id_.
+int byte_piece_value(const std::string& p) {
+  if (p.size() != 6 || p.compare(0, 3, "<0x") != 0 || p[5] != '>') return -1;
+  int hi = hex_digit(p[3]), lo = hex_digit(p[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
 
 class Llama2cTokenizer final : public Tokenizer {
  public:
@@ -25,10 +43,8 @@ class Llama2cTokenizer final : public Tokenizer {
     for (size_t i = 0; i < pieces_.size(); ++i) lookup_.emplace(pieces_[i], static_cast<int32_t>(i));
     byte_id_.fill(-1);
     for (size_t i = 0; i < pieces_.size(); ++i) {
-      unsigned v = 0;
-      const std::string& p = pieces_[i];
-      if (p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>' && std::sscanf(p.c_str() + 3, "%2x", &v) == 1)
-        if (byte_id_[v] < 0) byte_id_[v] = static_cast<int32_t>(i);
+      int v = byte_piece_value(pieces_[i]);
+      if (v >= 0 && byte_id_[v] < 0) byte_id_[v] = static_cast<int32_t>(i);
     }
     id_byte_.assign(pieces_.size(), -1);
     for (int b = 0; b < 256; ++b)
@@ -149,7 +165,7 @@ Result<std::unique_ptr<Tokenizer>> load_llama2c_tokenizer_bytes(const uint8_t* d
   int32_t max_len = 0;
   std::memcpy(&max_len, data, 4);
   pos = 4;
-  if (max_len <= 0 || max_len > 1 << 16)
+  if (max_len <= 0 || max_len > kMaxPieceBytes)
     return corrupt_input("llama2.c tokenizer: max_token_length " + std::to_string(max_len) + " is not plausible");
   // Each token needs at least 8 bytes (score + length): bound the count before allocating.
   if (static_cast<size_t>(vocab_size) > (size - pos) / 8)
@@ -162,6 +178,9 @@ Result<std::unique_ptr<Tokenizer>> load_llama2c_tokenizer_bytes(const uint8_t* d
     std::memcpy(&scores[i], data + pos, 4);
     std::memcpy(&len, data + pos + 4, 4);
     pos += 8;
+    // A NaN score would break the strict ordering the merge heap relies on.
+    if (!std::isfinite(scores[i]))
+      return corrupt_input("llama2.c tokenizer: token " + std::to_string(i) + " has a non-finite score");
     if (len < 0 || len > max_len || !need(static_cast<size_t>(len)))
       return corrupt_input("llama2.c tokenizer: token " + std::to_string(i) + " has a bad length " + std::to_string(len));
     pieces[i].assign(reinterpret_cast<const char*>(data + pos), static_cast<size_t>(len));
@@ -171,10 +190,10 @@ Result<std::unique_ptr<Tokenizer>> load_llama2c_tokenizer_bytes(const uint8_t* d
 }
 
 Result<std::unique_ptr<Tokenizer>> load_llama2c_tokenizer(const std::string& path, int vocab_size) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Status(StatusCode::kNotFound, "cannot open tokenizer file '" + path + "'");
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  auto r = load_llama2c_tokenizer_bytes(bytes.data(), bytes.size(), vocab_size);
+  auto bytes = read_file(path, kMaxTokenizerBytes, "tokenizer file");
+  if (!bytes.is_ok()) return bytes.status();
+  const std::string& b = bytes.value();
+  auto r = load_llama2c_tokenizer_bytes(reinterpret_cast<const uint8_t*>(b.data()), b.size(), vocab_size);
   if (!r.is_ok()) return Status(r.status().code(), r.status().message() + " ('" + path + "')");
   return r;
 }

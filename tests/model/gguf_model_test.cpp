@@ -81,6 +81,9 @@ struct Options {
   std::string wrong_shape_tensor;
   std::string q5_tensor;  // stored with a type kvq does not decode
   bool skip_embedding_length = false;
+  float freq_base = 10000.f;
+  // tokenizer.ggml.token_type stored as float32 with this value for token 3 (0 = not written).
+  float token_type_3 = 0;
 };
 
 std::vector<uint8_t> stories_gguf(const RawStories& r, const Options& o) {
@@ -94,7 +97,7 @@ std::vector<uint8_t> stories_gguf(const RawStories& r, const Options& o) {
   w.kv_u32("llama.feed_forward_length", 172);
   w.kv_u32("llama.context_length", 512);
   w.kv_u32("llama.rope.dimension_count", 8);
-  w.kv_f32("llama.rope.freq_base", 10000.f);
+  w.kv_f32("llama.rope.freq_base", o.freq_base);
   w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
   w.kv_str("tokenizer.ggml.model", o.tokenizer_model);
   // 256 byte-level symbols first (so any text encodes), then filler tokens up to 512.
@@ -113,6 +116,13 @@ std::vector<uint8_t> stories_gguf(const RawStories& r, const Options& o) {
   for (int i = 256; i < 512; ++i) toks.push_back("tok" + std::to_string(i));
   w.kv_str_array("tokenizer.ggml.tokens", toks);
   w.kv_str_array("tokenizer.ggml.merges", {});
+  if (o.token_type_3 != 0) {
+    std::vector<uint8_t> a;
+    GgufWriter::pod(a, uint32_t{6});  // float32 elements
+    GgufWriter::pod(a, static_cast<uint64_t>(toks.size()));
+    for (size_t i = 0; i < toks.size(); ++i) GgufWriter::pod(a, i == 3 ? o.token_type_3 : 1.f);
+    w.kv_raw("tokenizer.ggml.token_type", 9, a);
+  }
   w.kv_u32("tokenizer.ggml.bos_token_id", 1);
   w.kv_u32("tokenizer.ggml.eos_token_id", 2);
   w.kv_bool("tokenizer.ggml.add_bos_token", true);
@@ -251,6 +261,12 @@ TEST_F(GgufModel, BrokenFilesGiveErrors) {
       {[](Options& o) { o.wrong_shape_tensor = "blk.1.attn_k.weight"; }, StatusCode::kCorruptInput, "expected [64, 32]"},
       {[](Options& o) { o.q5_tensor = "blk.2.attn_q.weight"; }, StatusCode::kUnsupported, "q5_0"},
       {[](Options& o) { o.skip_embedding_length = true; }, StatusCode::kCorruptInput, "llama.embedding_length"},
+      // Values read from the file as floats are checked before any narrowing or float-to-int conversion.
+      {[](Options& o) { o.freq_base = NAN; }, StatusCode::kCorruptInput, "freq_base"},
+      {[](Options& o) { o.freq_base = INFINITY; }, StatusCode::kCorruptInput, "freq_base"},
+      {[](Options& o) { o.token_type_3 = NAN; }, StatusCode::kCorruptInput, "token_type[3]"},
+      {[](Options& o) { o.token_type_3 = 3e9f; }, StatusCode::kCorruptInput, "token_type[3]"},
+      {[](Options& o) { o.token_type_3 = 1.5f; }, StatusCode::kCorruptInput, "token_type[3]"},
   };
   for (const auto& c : cases) {
     Options o;

@@ -14,6 +14,7 @@
 
 #include "kvq/cache_options.h"
 #include "kvq/command.h"
+#include "kvq/common/file_io.h"
 #include "kvq/quant/spec.h"
 #ifdef KVQ_HAVE_CUDA
 #include "kvq/attention/cuda/bench.h"
@@ -96,10 +97,8 @@ nlohmann::json device_json(const CudaDeviceInfo& d) {
 
 int write_json(const std::string& path, const nlohmann::json& j) {
   if (path.empty()) return 0;
-  std::ofstream f(path);
-  f << j.dump(2) << "\n";
-  if (!f) {
-    std::fprintf(stderr, "kvq bench: cannot write %s\n", path.c_str());
+  if (Status st = write_file_atomic(path, j.dump(2) + "\n", "--json output"); !st.is_ok()) {
+    std::fprintf(stderr, "kvq bench: %s\n", st.message().c_str());
     return 1;
   }
   std::printf("wrote %s\n", path.c_str());
@@ -107,6 +106,9 @@ int write_json(const std::string& path, const nlohmann::json& j) {
 }
 
 int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
+  if (!o.json_path.empty()) {
+    if (Status st = check_writable(o.json_path, "--json output"); !st.is_ok()) return fail("--json", st);
+  }
   auto dev = cuda_device_info();
   if (!dev.is_ok()) return fail("no GPU", dev.status());
   kc::BenchTiming timing;

@@ -13,6 +13,7 @@
 #include "kvq/cache_options.h"
 #include "kvq/command.h"
 #include "kvq/backend/backend.h"
+#include "kvq/common/file_io.h"
 #include "kvq/eval/eval.h"
 #include "kvq/eval/gate.h"
 #include "kvq/eval/logits_dump.h"
@@ -113,6 +114,11 @@ int run_eval_cmd(const EvalCli& o) {
   if (!specs.is_ok()) return fail("", specs.status());
   auto kind = backend::resolve_backend(o.cache.backend);
   if (!kind.is_ok()) return fail("--backend", kind.status());
+  // Outputs are checked before the long run, and written atomically after it.
+  if (!o.json_out.empty())
+    if (Status st = check_writable(o.json_out, "--json output"); !st.is_ok()) return fail("--json", st);
+  if (!o.dump_logits.empty())
+    if (Status st = check_writable(o.dump_logits, "logits dump"); !st.is_ok()) return fail("--dump-logits", st);
   auto path = model::resolve_model_path(o.model);
   if (!path.is_ok()) return fail("--model", path.status());
   auto t0 = std::chrono::steady_clock::now();
@@ -124,7 +130,10 @@ int run_eval_cmd(const EvalCli& o) {
   if (!model.is_ok()) return fail("loading " + path.value(), model.status());
   const model::Model& m = *model.value();
 
-  auto text = o.text.empty() ? eval::pydoc_topics_text(o.python) : eval::read_text_file(o.text);
+  // Only the start of a long text file is read: what the window budget can use (whole when 0).
+  const int64_t budget = o.max_tokens > 0 ? std::max<int64_t>(o.max_tokens, o.ctx > 0 ? o.ctx : 2048) : 0;
+  auto text = o.text.empty() ? eval::pydoc_topics_text(o.python)
+                             : eval::read_text_file(o.text, eval::text_bytes_for_tokens(budget));
   if (!text.is_ok()) return fail("evaluation text", text.status());
   const std::vector<int32_t> ids = m.tokenizer().encode(text.value().text, false);
 
@@ -196,9 +205,8 @@ int run_eval_cmd(const EvalCli& o) {
     ctx.text_bytes = text.value().text.size();
     ctx.text_hash = eval::fnv1a64(text.value().text);
     ctx.command = o.command_line;
-    std::ofstream f(o.json_out);
-    f << eval::report_json(r, ctx) << "\n";
-    if (!f) return fail("--json", Status(StatusCode::kNotFound, "cannot write '" + o.json_out + "'"));
+    if (Status st = write_file_atomic(o.json_out, eval::report_json(r, ctx) + "\n", "--json output"); !st.is_ok())
+      return fail("--json", st);
   }
   if (any_error) return 1;
   return o.fail_on_gate && any_fail ? 3 : 0;

@@ -1,6 +1,7 @@
 #pragma once
 // What kvq knows about the machine it runs on: the CPU (always) and the GPU the build can see.
 // The probe fills GpuInfo from cuda_device_info() in CUDA builds; a CPU build leaves it empty.
+#include <cstdint>
 #include <string>
 
 namespace kvq {
@@ -27,5 +28,9 @@ struct HardwareInfo {
 
 // Never fails: fields it cannot read stay empty/false.
 CpuInfo detect_cpu();
+
+// Physical memory of the machine in bytes (0 when unknown). Loaders compare what a file asks them
+// to allocate against it, so an oversized model is refused by name instead of dying in new.
+uint64_t physical_memory_bytes();
 
 }  // namespace kvq

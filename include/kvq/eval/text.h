@@ -15,8 +15,22 @@ struct EvalText {
   std::string source;  // what to print: a file path, or "pydoc topics (<path>, Python <version>)"
 };
 
-// A UTF-8 text file, read whole. kNotFound / kInvalidArgument (empty file) with the path named.
-Result<EvalText> read_text_file(const std::string& path);
+// Largest text file read whole (kvq tokenizes what it reads in memory).
+inline constexpr uint64_t kMaxTextBytes = 256ull << 20;
+// A window budget of N tokens reads at most max(kMinTextPrefixBytes, N * kTextBytesPerBudgetToken)
+// bytes: tokens of English text average ~4 bytes, so this leaves a wide margin while a 50 MB text
+// is no longer tokenized in full to score 128 tokens. Texts under 1 MiB (CPython's pydoc topics:
+// ~465 KB) are always read whole, so recorded results do not change.
+inline constexpr uint64_t kMinTextPrefixBytes = 1ull << 20;
+inline constexpr uint64_t kTextBytesPerBudgetToken = 64;
+// Bytes worth reading for a budget of `tokens` window tokens; 0 (no limit) for tokens <= 0.
+uint64_t text_bytes_for_tokens(int64_t tokens);
+
+// A UTF-8 text file. max_bytes = 0: read whole (refused beyond kMaxTextBytes); otherwise only its
+// first min(max_bytes, kMaxTextBytes) bytes, cut at a character boundary, and `source` says so.
+// Directories, FIFOs and devices are refused. kNotFound / kInvalidArgument (empty, not a regular
+// file, too large) with the path named.
+Result<EvalText> read_text_file(const std::string& path, uint64_t max_bytes = 0);
 
 // Runs `python` (a command name or path) to import pydoc_data.topics and returns the values of its
 // `topics` dict in sorted key order, each stripped of trailing whitespace, joined with one blank

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "kvq/common/status.h"
@@ -109,6 +110,7 @@ class File {
   uint64_t data_start_ = 0;
   std::map<std::string, Value, std::less<>> metadata_;
   std::vector<TensorInfo> tensors_;
+  std::unordered_map<std::string_view, size_t> tensor_index_;  // name (viewing tensors_) -> index
 };
 
 }  // namespace kvq::model::gguf
