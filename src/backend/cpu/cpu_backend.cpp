@@ -102,7 +102,7 @@ Status CpuBackend::can_implement(const GemmArgs& a) const {
   KVQ_RETURN_IF_ERROR(check_matrix(a.w, "gemm"));
   if (a.x == nullptr || a.y == nullptr || a.rows < 0) return invalid_argument("gemm: null operand or negative rows");
   if (a.beta != 0.f && a.beta != 1.f) return invalid_argument("gemm: beta must be 0 or 1");
-  if (a.w.dtype != DType::kF32) return unsupported("cpu backend: gemm multiplies fp32 weights (load with weights fp32)");
+  if (a.w.dtype != DType::kF32 && a.w.dtype != DType::kBf16) return unsupported("cpu backend: gemm weights must be fp32 or bf16");
   return Status::ok();
 }
 size_t CpuBackend::workspace_size(const GemmArgs&) const { return 0; }
@@ -111,10 +111,21 @@ Status CpuBackend::run(const GemmArgs& a) {
   if (a.rows == 0) return Status::ok();
   const int out = a.w.rows, in = a.w.cols;
   const auto* w = static_cast<const float*>(a.w.data);
+  const float* x = a.x;
+  if (a.w.dtype == DType::kBf16) {
+    // bf16 operands with fp32 accumulation, as the seam allows (and as GPU bf16 GEMMs compute): the
+    // weights widened exactly, x rounded to bf16. A reference path, not a fast one.
+    const auto* wb = static_cast<const uint16_t*>(a.w.data);
+    gemm_w_.resize(static_cast<size_t>(out) * in);
+    for (size_t i = 0; i < gemm_w_.size(); ++i) gemm_w_[i] = format::bf16_to_float(wb[i]);
+    gemm_x_.resize(static_cast<size_t>(a.rows) * in);
+    for (size_t i = 0; i < gemm_x_.size(); ++i) gemm_x_[i] = format::bf16_to_float(format::float_to_bf16(a.x[i]));
+    w = gemm_w_.data(), x = gemm_x_.data();
+  }
   if (a.rows == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.f, w, in, a.x, 1, a.beta, a.y, 1);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.f, w, in, x, 1, a.beta, a.y, 1);
   } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, a.rows, out, in, 1.f, a.x, in, w, in, a.beta, a.y, out);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, a.rows, out, in, 1.f, x, in, w, in, a.beta, a.y, out);
   }
   return Status::ok();
 }
