@@ -275,6 +275,14 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
           return;
         }
         KVQ_ASSERT_OK(ci);
+        if (cpu) {  // the reference also checks the mapping against the tables (cpu_backend.cpp)
+          std::vector<int32_t> wrong = slots;
+          wrong.back() += wrong.back() >= 0 ? 1 : -1;
+          DevBuf dwrong = dev_from(be, wrong);
+          bad = a;
+          bad.slot_mapping = dwrong.i32();
+          EXPECT_EQ(be.run(bad).code(), StatusCode::kInvalidArgument) << "a slot mapping off by one was accepted";
+        }
       }
       (void)be.workspace_size(a);
       KVQ_ASSERT_OK(be.run(a));
