@@ -106,6 +106,14 @@ class DevBuf {
   size_t bytes_ = 0;
 };
 
+// The op contract's two ways to run: plan() then run(), or run() alone (which plans by itself).
+// Cases alternate between them (by seed), so both paths of every op are exercised.
+template <class Args>
+Status plan_and_run(Backend& be, const Args& a, bool plan_first) {
+  if (plan_first) KVQ_RETURN_IF_ERROR(be.plan(a));
+  return be.run(a);
+}
+
 // A guarded buffer holding `v` (uploaded). Fails the test (and returns an empty buffer) on error.
 template <class T>
 DevBuf dev_from(Backend& be, const std::vector<T>& v) {
@@ -148,17 +156,18 @@ inline double rel_l2(const float* got, const double* ref, size_t n) {
 }
 
 // One backend instance per kind for the whole test binary (a CUDA backend is costly to create).
+// Never destroyed: a device backend torn down by static destructors may outlive its runtime.
 inline Backend* shared_backend(BackendKind kind) {
-  static std::map<BackendKind, std::unique_ptr<Backend>> backends;
-  auto it = backends.find(kind);
-  if (it != backends.end()) return it->second.get();
+  static auto* backends = new std::map<BackendKind, std::unique_ptr<Backend>>();
+  auto it = backends->find(kind);
+  if (it != backends->end()) return it->second.get();
   auto b = create_backend(kind);
   if (!b.is_ok()) {
     ADD_FAILURE() << "available_backends() lists " << backend_name(kind) << " but create_backend fails: "
                   << b.status().to_string();
     return nullptr;
   }
-  return (backends[kind] = std::move(b).value()).get();
+  return ((*backends)[kind] = std::move(b).value()).get();
 }
 
 }  // namespace kvq::backend::testing

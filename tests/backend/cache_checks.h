@@ -268,6 +268,7 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
         CacheWriteArgs bad = a;
         bad.rows = rows - 1;
         EXPECT_EQ(be.can_implement(bad).code(), StatusCode::kInvalidArgument);
+        EXPECT_EQ(be.plan(bad).code(), StatusCode::kInvalidArgument);
         EXPECT_EQ(be.run(bad).code(), StatusCode::kInvalidArgument);
         const Status ci = be.can_implement(a);
         if (ci.code() == StatusCode::kUnsupported && !cpu) {
@@ -285,7 +286,7 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
         }
       }
       (void)be.workspace_size(a);
-      KVQ_ASSERT_OK(be.run(a));
+      KVQ_ASSERT_OK(plan_and_run(be, a, seed & 1));
       for (const WriteSpan& s : spans)
         KVQ_ASSERT_OK(ref.write(s.seq, l, s.pos0, k.data() + size_t(s.row0) * kvd, v.data() + size_t(s.row0) * kvd, s.n));
       EXPECT_TRUE(dk.guards_intact() && dv.guards_intact() && dslots.guards_intact());
@@ -463,11 +464,11 @@ inline void check_attention(Backend& be, const CacheCase& c, uint64_t seed, bool
     if (prefill) {
       const PrefillArgs a = f.prefill_args(which[0], dq.f(), out.f(), lse.f(), n_q, pos0, hq, scale);
       st = be.can_implement(a);
-      if (st.is_ok()) (void)be.workspace_size(a), st = be.run(a);
+      if (st.is_ok()) (void)be.workspace_size(a), st = plan_and_run(be, a, seed & 1);
     } else {
       const DecodeArgs a = f.decode_args(dq.f(), out.f(), lse.f(), hq, scale);
       st = be.can_implement(a);
-      if (st.is_ok()) (void)be.workspace_size(a), st = be.run(a);
+      if (st.is_ok()) (void)be.workspace_size(a), st = plan_and_run(be, a, seed & 1);
     }
     if (st.code() == StatusCode::kUnsupported && be.kind() != BackendKind::kCpu) {
       *skipped = st.message();

@@ -8,20 +8,23 @@
 //   Sample                              model::sample_with_uniform (and an argmax written here);
 //   refusals                            can_implement / run refuse bad shapes, outputs untouched.
 // Operands live in backend memory only (allocate / upload / download), so a new backend inherits
-// every test. Outputs sit between canary zones and start poisoned (backend_testing.h).
+// every test. Outputs sit between canary zones and start poisoned (backend_testing.h). Cases
+// alternate between plan() + run() and run() alone (the op contract's two paths).
 //
 // Cases (per backend; counts in the report of each run): a reduced cross product where every
 // value of every axis appears: GEMM 12, RMSNorm 6, RoPE 7, SwiGLU 3, Embed 4, Sample 3,
 // CacheWrite 132 (the full dtype x granularity x head_dim x block x sink product: writes are
 // cheap), Decode 48 and Prefill 48 (11 dtype/granularity pairs over 12 rotating shapes of
-// head_dim x GQA ratio x block x sink), refusals 5. A backend may answer kUnsupported for a case
+// head_dim x GQA ratio x block x sink), refusals 5, memory (allocate / copy / upload_matrix) 3. A backend may answer kUnsupported for a case
 // it does not serve (e.g. head_dim 8 on CUDA); the case then checks that nothing was written and
 // is reported as skipped. The CPU backend (the reference) must serve every case.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -67,11 +70,13 @@ constexpr double kBf16Budget = 1e-2;
 constexpr double kAttnStoredBudget = 1e-4;
 constexpr double kLseBudget = 2e-4;  // absolute, LSE values are O(10)
 
-enum class Op : uint8_t { kGemm, kRmsNorm, kRope, kSwiglu, kEmbed, kSample, kCacheWrite, kDecode, kPrefill, kRefuse };
+enum class Op : uint8_t {
+  kGemm, kRmsNorm, kRope, kSwiglu, kEmbed, kSample, kCacheWrite, kDecode, kPrefill, kRefuse, kMemory
+};
 
 const char* op_name(Op op) {
   static const char* names[] = {"gemm",  "rmsnorm", "rope",   "swiglu",  "embed",
-                                "sample", "write",  "decode", "prefill", "refuse"};
+                                "sample", "write",  "decode", "prefill", "refuse", "memory"};
   return names[static_cast<int>(op)];
 }
 
@@ -101,6 +106,7 @@ struct OpCase {
         return n + (wdtype == DType::kBf16 ? "_bf16" : "_f32") + "_r" + std::to_string(rows) + "_" +
                std::to_string(m) + "x" + std::to_string(k);
       case Op::kSample: return n + "_r" + std::to_string(rows) + "_v" + std::to_string(m);
+      case Op::kMemory: return n + "_" + std::to_string(rows) + "bytes";
       case Op::kRefuse: {
         static const char* what[] = {"decode_gqa", "prefill_gqa", "gemm_beta", "rope_odd_dim", "gemm_shape"};
         return n + "_" + what[rows];
@@ -169,6 +175,11 @@ std::vector<OpCase> all_cases() {
       c.op = op, c.cache = cc;
       add(c);
     }
+  for (int bytes : {1, 4099, 1 << 20}) {
+    OpCase c;
+    c.op = Op::kMemory, c.rows = bytes;
+    add(c);
+  }
   for (int r = 0; r < 5; ++r) {
     OpCase c;
     c.op = Op::kRefuse, c.rows = r;
@@ -212,6 +223,7 @@ class BackendOps : public ::testing::TestWithParam<std::tuple<BackendKind, OpCas
   void embed(const OpCase& c);
   void sample(const OpCase& c);
   void refuse(const OpCase& c);
+  void memory(const OpCase& c);
 };
 
 std::vector<float> normal_vec(std::mt19937_64& rng, size_t n, float stddev = 1.f) {
@@ -237,7 +249,7 @@ void BackendOps::gemm(const OpCase& c) {
   GemmArgs a{dx.f(), rows, MatrixRef{wb.value().get(), c.wdtype, out, in}, dy.f(), c.flag ? 1.f : 0.f};
   if (!serves(a)) return;
   (void)be().workspace_size(a);
-  KVQ_ASSERT_OK(be().run(a));
+  KVQ_ASSERT_OK(testing::plan_and_run(be(), a, c.seed & 1));
   const auto got = dy.download<float>();
   EXPECT_TRUE(dy.guards_intact());
   EXPECT_EQ(first_poisoned(got, y0.size()), -1) << "beta 0 left output elements unwritten";
@@ -266,7 +278,7 @@ void BackendOps::rmsnorm(const OpCase& c) {
   float* y = c.flag ? dx.f() : dy.f();
   RmsNormArgs a{dx.f(), dw.f(), y, rows, dim, eps};
   if (!serves(a)) return;
-  KVQ_ASSERT_OK(be().run(a));
+  KVQ_ASSERT_OK(testing::plan_and_run(be(), a, c.seed & 1));
   DevBuf& out = c.flag ? dx : dy;
   const auto got = out.download<float>();
   EXPECT_TRUE(out.guards_intact());
@@ -304,7 +316,7 @@ void BackendOps::rope(const OpCase& c) {
   DevBuf dx = dev_from(be(), x), dp = dev_from(be(), pos), dc = dev_from(be(), cs), ds = dev_from(be(), sn);
   RopeArgs a{dx.f(), rows, heads, hd, dp.i32(), dc.f(), ds.f(), max_pos, c.flag};
   if (!serves(a)) return;
-  KVQ_ASSERT_OK(be().run(a));
+  KVQ_ASSERT_OK(testing::plan_and_run(be(), a, c.seed & 1));
   const auto got = dx.download<float>();
   EXPECT_TRUE(dx.guards_intact());
   std::vector<double> ref(x.size());
@@ -346,7 +358,7 @@ void BackendOps::swiglu(const OpCase& c) {
   DevBuf dg = dev_from(be(), g), du = dev_from(be(), u);
   SwigluArgs a{dg.f(), du.f(), n};
   if (!serves(a)) return;
-  KVQ_ASSERT_OK(be().run(a));
+  KVQ_ASSERT_OK(testing::plan_and_run(be(), a, c.seed & 1));
   const auto got = dg.download<float>();
   EXPECT_TRUE(dg.guards_intact());
   std::vector<double> ref(n);
@@ -372,7 +384,7 @@ void BackendOps::embed(const OpCase& c) {
   DevBuf out = dev_poisoned(be(), size_t(c.rows) * c.k);
   EmbedArgs a{dt.i32(), c.rows, MatrixRef{tb.value().get(), c.wdtype, c.m, c.k}, out.f()};
   if (!serves(a)) return;
-  KVQ_ASSERT_OK(be().run(a));
+  KVQ_ASSERT_OK(testing::plan_and_run(be(), a, c.seed & 1));
   const auto got = out.download<float>();
   EXPECT_TRUE(out.guards_intact());
   // A gather: exact (a bf16 value widens to fp32 exactly), so bit for bit.
@@ -419,7 +431,7 @@ void BackendOps::sample(const OpCase& c) {
   std::vector<int32_t> out(rows + 2, -7);  // host output with a guard on each side
   SampleArgs a{dl.f(), rows, vocab, temp.data(), top_p.data(), u.data(), out.data() + 1};
   if (!serves(a)) return;
-  KVQ_ASSERT_OK(be().run(a));
+  KVQ_ASSERT_OK(testing::plan_and_run(be(), a, c.seed & 1));
   KVQ_ASSERT_OK(be().synchronize());
   EXPECT_EQ(out[0], -7);
   EXPECT_EQ(out[rows + 1], -7);
@@ -439,9 +451,10 @@ void BackendOps::sample(const OpCase& c) {
 // Invalid requests: can_implement and run() give the same refusal and leave the output untouched.
 void BackendOps::refuse(const OpCase& c) {
   std::mt19937_64 rng(c.seed);
-  auto expect_refused = [&](const Status& ci, const Status& run, DevBuf& out, size_t n) {
+  auto expect_refused = [&](const Status& ci, const Status& plan, const Status& run, DevBuf& out, size_t n) {
     EXPECT_TRUE(ci.code() == StatusCode::kInvalidArgument || ci.code() == StatusCode::kUnsupported) << ci.to_string();
     EXPECT_EQ(run.code(), ci.code()) << run.to_string();
+    EXPECT_EQ(plan.code(), ci.code()) << plan.to_string();
     const auto got = out.download<float>();
     for (size_t i = 0; i < n; ++i) ASSERT_TRUE(testing::is_poison(got[i])) << "a refused op wrote element " << i;
     EXPECT_TRUE(out.guards_intact());
@@ -458,10 +471,10 @@ void BackendOps::refuse(const OpCase& c) {
     const float scale = 1.f / std::sqrt(float(d));
     if (c.rows == 0) {
       DecodeArgs a = f.decode_args(q.f(), out.f(), nullptr, hq, scale);
-      expect_refused(be().can_implement(a), be().run(a), out, nq);
+      expect_refused(be().can_implement(a), be().plan(a), be().run(a), out, nq);
     } else {
       PrefillArgs a = f.prefill_args(last, q.f(), out.f(), nullptr, n_q, f.len(last) - n_q, hq, scale);
-      expect_refused(be().can_implement(a), be().run(a), out, size_t(n_q) * hq * d);
+      expect_refused(be().can_implement(a), be().plan(a), be().run(a), out, size_t(n_q) * hq * d);
     }
     return;
   }
@@ -472,16 +485,58 @@ void BackendOps::refuse(const OpCase& c) {
   DevBuf dx = dev_from(be(), x), out = dev_poisoned(be(), 4 * 16);
   if (c.rows == 2) {  // beta must be 0 or 1
     GemmArgs a{dx.f(), 4, MatrixRef{wb.value().get(), DType::kF32, 8, 16}, out.f(), 0.5f};
-    expect_refused(be().can_implement(a), be().run(a), out, 4 * 8);
+    expect_refused(be().can_implement(a), be().plan(a), be().run(a), out, 4 * 8);
   } else if (c.rows == 3) {  // odd head_dim: no rotation pairs
     std::vector<float> tab(64, 0.5f);
     std::vector<int32_t> pos(4, 1);
     DevBuf dc = dev_from(be(), tab), dp = dev_from(be(), pos);
     RopeArgs a{out.f(), 4, 1, 15, dp.i32(), dc.f(), dc.f(), 8, false};
-    expect_refused(be().can_implement(a), be().run(a), out, 4 * 15);
+    expect_refused(be().can_implement(a), be().plan(a), be().run(a), out, 4 * 15);
   } else {  // an empty weight matrix
     GemmArgs a{dx.f(), 4, MatrixRef{wb.value().get(), DType::kF32, 0, 16}, out.f(), 0.f};
-    expect_refused(be().can_implement(a), be().run(a), out, 4 * 8);
+    expect_refused(be().can_implement(a), be().plan(a), be().run(a), out, 4 * 8);
+  }
+}
+
+// The memory half of the seam: allocate (256-byte aligned), upload / copy / download round trips,
+// and upload_matrix's fp32 and bf16 conversions (bf16: round to nearest even, bit for bit).
+void BackendOps::memory(const OpCase& c) {
+  std::mt19937_64 rng(c.seed);
+  const size_t n = static_cast<size_t>(c.rows);
+  std::vector<uint8_t> host(n);
+  for (uint8_t& b : host) b = static_cast<uint8_t>(rng());
+  auto a = be().allocate(n), b = be().allocate(n);
+  KVQ_ASSERT_OK(a.status());
+  KVQ_ASSERT_OK(b.status());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a.value().get()) % 256, 0u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.value().get()) % 256, 0u);
+  KVQ_ASSERT_OK(be().upload(a.value().get(), host.data(), n));
+  KVQ_ASSERT_OK(be().copy(b.value().get(), a.value().get(), n));
+  std::vector<uint8_t> back(n, 0);
+  KVQ_ASSERT_OK(be().download(back.data(), b.value().get(), n));
+  KVQ_ASSERT_OK(be().synchronize());
+  EXPECT_EQ(back, host);
+  const size_t count = std::max<size_t>(n / 4, 1);
+  auto m = normal_vec(rng, count, 1e3f);
+  m[0] = -0.f;
+  if (count > 3) m[1] = 1.00390625f, m[2] = 1.01171875f, m[3] = 3e38f;  // bf16 ties (to even) and near-overflow
+  for (DType t : {DType::kF32, DType::kBf16}) {
+    auto up = be().upload_matrix(m.data(), count, t);
+    KVQ_ASSERT_OK(up.status());
+    if (t == DType::kF32) {
+      std::vector<float> got(count);
+      KVQ_ASSERT_OK(be().download(got.data(), up.value().get(), count * 4));
+      EXPECT_EQ(0, std::memcmp(got.data(), m.data(), count * 4));
+    } else {
+      std::vector<uint16_t> got(count);
+      KVQ_ASSERT_OK(be().download(got.data(), up.value().get(), count * 2));
+      for (size_t i = 0; i < count; ++i) {
+        uint32_t u;  // round to nearest even, written out here
+        std::memcpy(&u, &m[i], 4);
+        const uint16_t want = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        ASSERT_EQ(got[i], want) << "element " << i << " = " << m[i];
+      }
+    }
   }
 }
 
@@ -496,6 +551,7 @@ TEST_P(BackendOps, MatchesReference) {
     case Op::kEmbed: embed(c); break;
     case Op::kSample: sample(c); break;
     case Op::kRefuse: refuse(c); break;
+    case Op::kMemory: memory(c); break;
     case Op::kCacheWrite: check_cache_write(be(), c.cache, c.seed, &skipped_); break;
     case Op::kDecode:
       check_attention(be(), c.cache, c.seed, false, kAttnStoredBudget, kLseBudget, &skipped_);
