@@ -237,7 +237,7 @@ TEST_P(EngineTest, BatchedSequencesMatchEachAlone) {
 
 // (b) forward_sample picks on the backend what the host picks from forward_last's logits: greedy
 // = argmax (ties to the lower id), and with temperature / top-p = sample_with_uniform with the
-// same uniform. Three sequences per call, twice (prefill, then decode).
+// same uniform. Three sequences per call: prefill, decode, then both mixed.
 TEST_P(EngineTest, ForwardSampleMatchesForwardLastLogits) {
   const QuantSpec spec = spec_of(Format::kFp8E4m3, 8);
   EngineOptions o;
@@ -251,9 +251,10 @@ TEST_P(EngineTest, ForwardSampleMatchesForwardLastLogits) {
     b.push_back(e->add_sequence().value());
   }
   const std::vector<SampleParams> params = {{0.f, 1.f, 0.3}, {0.8f, 0.9f, 0.61}, {1.2f, 1.f, 0.05}};
-  const int lens[2][3] = {{50, 9, 200}, {1, 1, 1}};  // 200: two chunks, sampled from the second
+  // Round 0 prefill (200: two chunks, sampled from the second), round 1 decode, round 2 mixed.
+  const int lens[3][3] = {{50, 9, 200}, {1, 1, 1}, {1, 30, 1}};
   std::vector<int> pos(3, 0);
-  for (int round = 0; round < 2; ++round) {
+  for (int round = 0; round < 3; ++round) {
     std::vector<std::vector<float>> logits(3, std::vector<float>(V));
     std::vector<SeqStep> sa, sb;
     for (int s = 0; s < 3; ++s) {
