@@ -167,8 +167,9 @@ inline void fill_canaries(Backend& be, CacheStorage& st, cache::PagedKvCache& re
 // Three sequences written through the backend op over two layers: prefill chunks (several
 // sequences per call, chunks ending mid-page and crossing the sink boundary) with filler
 // sequences allocated and freed between calls (shuffled, non-contiguous pages), then rounds of
-// one-token decode writes of all sequences in one call. An independently driven host cache gets
-// the same rows by write(); every plane must match bit for bit at the end.
+// one-token decode writes of all sequences in one call, then one sequence freed and replaced by a
+// new one that reuses its (still written) pages. An independently driven host cache gets the same
+// rows by write(); every plane must match bit for bit at the end.
 inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, std::string* skipped) {
   std::mt19937_64 rng(seed);
   const bool cpu = be.kind() == BackendKind::kCpu;
@@ -316,6 +317,24 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
     std::shuffle(parts.begin(), parts.end(), rng);
     ASSERT_NO_FATAL_FAILURE(write_call(parts));
   }
+  // Page reuse: sequence 1 is freed and a new sequence takes its pages (and sink pages), which
+  // still hold the old tokens' codes and scales (and, on a device, their per_block_head amax
+  // bookkeeping): a first write into a reused page must start afresh, as on the host.
+  KVQ_ASSERT_OK(book.free_sequence(seqs[1]));
+  KVQ_ASSERT_OK(ref.free_sequence(seqs[1]));
+  {
+    auto a = book.add_sequence(), b = ref.add_sequence();
+    KVQ_ASSERT_OK(a.status());
+    KVQ_ASSERT_OK(b.status());
+    ASSERT_EQ(a.value(), b.value());
+    seqs[1] = a.value();
+  }
+  for (int left = c.sink + bs + 5; left > 0;) {
+    const int n = std::min(chunk(rng), left);
+    ASSERT_NO_FATAL_FAILURE(write_call({{1, n}, {0, 1}}));
+    left -= n;
+  }
+  for (int round = 0; round < 3; ++round) ASSERT_NO_FATAL_FAILURE(write_call({{2, 1}, {1, 1}, {0, 1}}));
   EXPECT_TRUE(attention::testing::tables_scrambled(ref, seqs)) << "the page allocation was not shuffled";
   EXPECT_GT(ref.stats().nonfinite, 0u) << "the data never exercised the non-finite policy";
 
