@@ -289,7 +289,8 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
       (void)be.workspace_size(a);
       KVQ_ASSERT_OK(plan_and_run(be, a, seed & 1));
       for (const WriteSpan& s : spans)
-        KVQ_ASSERT_OK(ref.write(s.seq, l, s.pos0, k.data() + size_t(s.row0) * kvd, v.data() + size_t(s.row0) * kvd, s.n));
+        KVQ_ASSERT_OK(
+            ref.write(s.seq, l, s.pos0, k.data() + size_t(s.row0) * kvd, v.data() + size_t(s.row0) * kvd, s.n));
       EXPECT_TRUE(dk.guards_intact() && dv.guards_intact() && dslots.guards_intact());
     }
   };
@@ -502,7 +503,8 @@ inline void check_attention(Backend& be, const CacheCase& c, uint64_t seed, bool
     EXPECT_TRUE(lse.guards_intact());
     ASSERT_EQ(first_poisoned(o, nq), -1) << "output left unwritten";
     ASSERT_EQ(first_poisoned(l, nq / d), -1) << "lse left unwritten";
-    ASSERT_TRUE(attention::testing::all_finite(o.data(), nq)) << "non-finite output: a poisoned (unowned) slot was read";
+    ASSERT_TRUE(attention::testing::all_finite(o.data(), nq))
+        << "non-finite output: a poisoned (unowned) slot was read";
     for (size_t j = 0; j < which.size(); ++j) {
       const size_t s = which[j];
       const int len = f.len(s), p0 = prefill ? pos0 : len - 1;

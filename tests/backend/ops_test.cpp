@@ -568,7 +568,8 @@ TEST_P(BackendOps, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendOps,
-                         ::testing::Combine(::testing::ValuesIn(available_backends()), ::testing::ValuesIn(all_cases())),
+                         ::testing::Combine(::testing::ValuesIn(available_backends()),
+                                            ::testing::ValuesIn(all_cases())),
                          [](const ::testing::TestParamInfo<std::tuple<BackendKind, OpCase>>& info) {
                            return std::string(backend_name(std::get<0>(info.param))) + "_" +
                                   std::get<1>(info.param).name();
@@ -597,7 +598,10 @@ TEST(BackendOpsCases, EveryAxisValueAppears) {
   for (Op op : {Op::kDecode, Op::kPrefill})
     for (int d : {8, 64, 128, 256})
       for (int gq : {1, 4, 8})
-        EXPECT_GT(count([&](const OpCase& c) { return c.op == op && c.cache.head_dim == d && c.cache.group == gq; }), 0);
+        EXPECT_GT(count([&](const OpCase& c) {
+                    return c.op == op && c.cache.head_dim == d && c.cache.group == gq;
+                  }),
+                  0);
   for (DType t : {DType::kF32, DType::kBf16})
     for (int rows : {1, 7, 128})
       for (bool beta : {false, true})

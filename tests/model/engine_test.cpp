@@ -180,7 +180,8 @@ TEST_P(EngineTest, BatchedSequencesMatchEachAlone) {
     ASSERT_TRUE(e);
     const int V = vocab();
     // steps[s][i]: tokens of sequence s in call i (kLast for B's middle call, kAll otherwise).
-    const std::vector<std::vector<int>> lens = {{37, 1, 1, 1, 1}, {150, 5, 1, 1, 1}, {1, 140, 1, 1, 1}, {0, 1, 1, 1, 1}};
+    const std::vector<std::vector<int>> lens = {
+        {37, 1, 1, 1, 1}, {150, 5, 1, 1, 1}, {1, 140, 1, 1, 1}, {0, 1, 1, 1, 1}};
     std::vector<SeqId> ids;
     for (int s = 0; s < 4; ++s) {
       auto id = e->add_sequence();
@@ -199,7 +200,8 @@ TEST_P(EngineTest, BatchedSequencesMatchEachAlone) {
       std::vector<SeqStep> steps;
       for (int s = 0; s < 4; ++s) {
         const int n = lens[s][call];
-        const LogitsMode mode = n == 0 ? LogitsMode::kNone : (s == 1 && call == 1 ? LogitsMode::kLast : LogitsMode::kAll);
+        const LogitsMode mode =
+            n == 0 ? LogitsMode::kNone : (s == 1 && call == 1 ? LogitsMode::kLast : LogitsMode::kAll);
         got[s].emplace_back(size_t(mode == LogitsMode::kAll ? n : 1) * V, NAN);
         steps.push_back({ids[s], toks[s].data() + pos[s], n, mode, got[s].back().data()});
         pos[s] += n;
@@ -331,7 +333,8 @@ TEST_P(EngineTest, ChunkedPromptMatchesOneCall) {
     std::vector<float> l1(300 * size_t(V)), l2(l1.size());
     ASSERT_TRUE(e1->forward({SeqStep{one, prompt.data(), 300, LogitsMode::kAll, l1.data()}}).is_ok());
     ASSERT_TRUE(e2->forward({SeqStep{two, prompt.data(), k, LogitsMode::kAll, l2.data()}}).is_ok());
-    ASSERT_TRUE(e2->forward({SeqStep{two, prompt.data() + k, 300 - k, LogitsMode::kAll, l2.data() + k * size_t(V)}}).is_ok());
+    ASSERT_TRUE(
+        e2->forward({SeqStep{two, prompt.data() + k, 300 - k, LogitsMode::kAll, l2.data() + k * size_t(V)}}).is_ok());
     Agreement agree;
     agree.add(l2.data(), l1.data(), 300, V);
     long n1 = 0, n2 = 0;
@@ -378,7 +381,8 @@ TEST_P(EngineTest, BadRequestsAreRefusedAndEngineStaysUsable) {
   expect(e->forward({SeqStep{s1, t, 5, LogitsMode::kAll, sink.data()}, SeqStep{s0, t, 55, LogitsMode::kNone, nullptr}}),
          StatusCode::kInvalidArgument, "capacity");
   expect(e->forward({SeqStep{s1, &bad_hi, 1, LogitsMode::kNone, nullptr}}), StatusCode::kInvalidArgument, "vocabulary");
-  expect(e->forward({SeqStep{s0, t, 2, LogitsMode::kNone, nullptr}, SeqStep{s1, &bad_lo, 1, LogitsMode::kNone, nullptr}}),
+  expect(e->forward(
+             {SeqStep{s0, t, 2, LogitsMode::kNone, nullptr}, SeqStep{s1, &bad_lo, 1, LogitsMode::kNone, nullptr}}),
          StatusCode::kInvalidArgument, "vocabulary");
   expect(e->forward({SeqStep{s0, nullptr, 2, LogitsMode::kNone, nullptr}}), StatusCode::kInvalidArgument, "n >= 0");
   expect(e->add_sequence().status(), StatusCode::kOutOfMemory, "maximum of 2");
