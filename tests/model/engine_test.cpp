@@ -172,16 +172,24 @@ std::vector<int32_t>* EngineTest::ids_ = nullptr;
 // step, pure decode steps that a graph-capable backend captures and replays), give the logits of
 // each sequence run alone through a Runner with the same calls.
 TEST_P(EngineTest, BatchedSequencesMatchEachAlone) {
+  // Chunking: the default 128-token chunks with a 200-row budget (150 + 140 rows: two sub-steps),
+  // and 16-token chunks with a 40-row budget (many sub-steps, pieces deferred, A's 33 tokens end
+  // with a 1-token piece that takes the decode path). bf16 and per_token_head do not depend on
+  // the chunking (ChunkedPromptMatchesOneCall), so both compare with the default-chunk Runner.
+  struct Plan {
+    int chunk, max_step;
+  };
+  for (const Plan plan : {Plan{128, 200}, Plan{16, 40}})
   for (const QuantSpec& spec : {spec_of(Format::kBf16, 4), spec_of(Format::kInt8, 20)}) {
-    SCOPED_TRACE(spec.to_string());
+    SCOPED_TRACE(spec.to_string() + " chunk " + std::to_string(plan.chunk));
     EngineOptions o;
-    o.max_seqs = 4, o.max_tokens = 512, o.max_step_tokens = 200;  // 150 + 140 rows: two sub-steps
+    o.max_seqs = 4, o.max_tokens = 512, o.chunk_tokens = plan.chunk, o.max_step_tokens = plan.max_step;
     auto e = engine(spec, o);
     ASSERT_TRUE(e);
     const int V = vocab();
     // steps[s][i]: tokens of sequence s in call i (kLast for B's middle call, kAll otherwise).
     const std::vector<std::vector<int>> lens = {
-        {37, 1, 1, 1, 1}, {150, 5, 1, 1, 1}, {1, 140, 1, 1, 1}, {0, 1, 1, 1, 1}};
+        {33, 1, 1, 1, 1}, {150, 5, 1, 1, 1}, {1, 140, 1, 1, 1}, {0, 1, 1, 1, 1}};
     std::vector<SeqId> ids;
     for (int s = 0; s < 4; ++s) {
       auto id = e->add_sequence();
@@ -232,8 +240,8 @@ TEST_P(EngineTest, BatchedSequencesMatchEachAlone) {
         p += n;
       }
     }
-    std::printf("[%s %s] batched vs alone: %s\n", backend::backend_name(GetParam()), spec.to_string().c_str(),
-                agree.describe().c_str());
+    std::printf("[%s %s chunk %d] batched vs alone: %s\n", backend::backend_name(GetParam()),
+                spec.to_string().c_str(), plan.chunk, agree.describe().c_str());
   }
 }
 
