@@ -379,6 +379,10 @@ class AttnFixture {
     std::uniform_int_distribution<int> longer(100, 300);
     for (int l : {1, c.sink / 2, c.sink, c.sink + 1, c.block + 3, 2 * c.block, longer(rng), longer(rng)})
       if (l >= 1 && std::find(o.seq_lens.begin(), o.seq_lens.end(), l) == o.seq_lens.end()) o.seq_lens.push_back(l);
+    // The last (long) sequence keeps a larger sink of its own (a system prompt, add_sequence(n)):
+    // a backend must take each sequence's sink length from the tables, not from the spec.
+    o.sink_tokens.assign(o.seq_lens.size(), -1);
+    o.sink_tokens.back() = c.sink + 2 * c.block + 5;
     // The builder's interleaving is random: take the first of a few derived seeds whose block
     // tables come out scrambled (a backend assuming contiguous pages must fail).
     for (int attempt = 0; attempt < 8; ++attempt, o.seed += 1000003u) {
