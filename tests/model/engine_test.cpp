@@ -118,6 +118,7 @@ class EngineTest : public ::testing::TestWithParam<BackendKind> {
     delete ids_;
   }
   void SetUp() override {
+    ASSERT_NE(model_, nullptr) << "stories260K did not load";
     be_ = backend::testing::shared_backend(GetParam());
     ASSERT_NE(be_, nullptr);
     cpu_ = backend::testing::shared_backend(BackendKind::kCpu);
