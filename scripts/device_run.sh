@@ -17,7 +17,7 @@ mode="${1:-run}"
 if [[ $mode == pack ]]; then
   build="${2:?usage: device_run.sh pack BUILD_DIR}"
   rm -rf .device && mkdir -p .device/bin .device/lib
-  for b in kvq tests/test_attention_cuda tests/test_format_cuda; do
+  for b in kvq tests/test_attention_cuda tests/test_format_cuda tests/test_backend; do
     [[ -x $build/$b ]] && cp "$build/$b" .device/bin/ && strip -s ".device/bin/$(basename "$b")"
   done
   # Shared libraries outside the C/C++ runtime that the GPU image may lack.
@@ -43,14 +43,14 @@ if [[ -d .device/bin ]]; then
   chmod +x /tmp/kvq-bin/bin/*
   export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}"
   KVQ=/tmp/kvq-bin/bin/kvq
-  TESTS=(/tmp/kvq-bin/bin/test_attention_cuda /tmp/kvq-bin/bin/test_format_cuda)
+  TESTS=(/tmp/kvq-bin/bin/test_attention_cuda /tmp/kvq-bin/bin/test_format_cuda /tmp/kvq-bin/bin/test_backend)
   note "binaries: prebuilt (.device/)"
 else
   cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON >"$OUT/env.txt" 2>&1 &&
-    cmake --build build-device -j "$(nproc)" --target kvq test_attention_cuda test_format_cuda >>"$OUT/env.txt" 2>&1 ||
+    cmake --build build-device -j "$(nproc)" --target kvq test_attention_cuda test_format_cuda test_backend >>"$OUT/env.txt" 2>&1 ||
     { note "build FAILED (see env.txt)"; tail -30 "$OUT/env.txt"; exit 1; }
   KVQ=build-device/kvq
-  TESTS=(build-device/tests/test_attention_cuda build-device/tests/test_format_cuda)
+  TESTS=(build-device/tests/test_attention_cuda build-device/tests/test_format_cuda build-device/tests/test_backend)
   note "binaries: built in build-device/"
 fi
 
