@@ -31,7 +31,7 @@ struct BenchCliOptions {
   std::string shapes;  // "B,Hq,Hkv,D,L;..." (default: the nine shapes)
   std::string formats = "bf16,fp8_e4m3,fp8_fnuz,int8";
   std::string granularity = "per_token_head";
-  int block_size = 16, sink = 256, splits = 0, variant = 0;
+  int block_size = 16, sink = 256, splits = 0;
   // write
   int tokens = 16384, heads = 8, head_dim = 128;
   std::string write_granularities = "per_token_head,per_block_head";
@@ -148,7 +148,6 @@ int run_bench(const BenchCliOptions& o, bool decode) {
     d.block_size = o.block_size;
     d.sink_tokens = o.sink;
     d.force_splits = o.splits;
-    d.variant = o.variant;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value());
     if (!rows.is_ok()) return fail("decode", rows.status());
@@ -169,7 +168,6 @@ int run_bench(const BenchCliOptions& o, bool decode) {
                      {"sink_tokens", r.sink_tokens},
                      {"splits", r.splits},
                      {"ctas_per_sm", r.ctas_per_sm},
-                     {"variant", r.variant},
                      {"us_median", r.us_median},
                      {"us_min", r.us_min},
                      {"us_max", r.us_max},
@@ -258,8 +256,6 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   dec->add_option("--granularity", opt->granularity, "Scale granularity of the quantized formats")->capture_default_str();
   dec->add_option("--sink", opt->sink, "Sink tokens (bf16) per sequence for quantized formats")->capture_default_str();
   dec->add_option("--splits", opt->splits, "Force this many KV splits (0: planned)")->capture_default_str();
-  dec->add_option("--variant", opt->variant, "Kernel variant (0 default; 1: no register cap for 8-bit D<=128)")
-      ->capture_default_str();
   dec->callback([which] { *which = 1; });
   CLI::App* wr = sub->add_subcommand("write", "Quantize + scatter of new K/V rows into pages");
   add_common(wr, *opt);
