@@ -90,7 +90,7 @@ class Evaluator {
 Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& specs) {
   int max_len = 0;
   for (const auto& w : windows_) max_len = std::max(max_len, static_cast<int>(w.tokens.size()));
-  auto base_runner = model::Runner::create(model_, baseline_spec(), max_len);
+  auto base_runner = model::Runner::create(model_, baseline_spec(), max_len, opts_.backend, opts_.runner);
   if (!base_runner.is_ok())
     return Status(base_runner.status().code(), "bf16 baseline runner: " + base_runner.status().message());
   Lane base;
@@ -100,7 +100,7 @@ Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& s
   std::vector<Lane> lanes(specs.size());
   for (size_t i = 0; i < specs.size(); ++i) {
     lanes[i].spec = specs[i];
-    auto r = model::Runner::create(model_, specs[i], max_len);
+    auto r = model::Runner::create(model_, specs[i], max_len, opts_.backend, opts_.runner);
     if (r.is_ok()) lanes[i].runner = std::move(r).value();
     else lanes[i].error = r.status().message();
   }
@@ -347,10 +347,11 @@ Result<EvalReport> run_eval(const model::Model& model, const std::vector<int32_t
 }
 
 Result<std::vector<float>> compute_logits(const model::Model& model, const QuantSpec& spec,
-                                          const std::vector<int32_t>& tokens, int chunk_tokens) {
+                                          const std::vector<int32_t>& tokens, int chunk_tokens,
+                                          backend::Backend* backend) {
   if (tokens.empty()) return invalid_argument("no tokens to compute logits for");
   if (chunk_tokens < 1) return invalid_argument("the chunk size must be at least 1 token");
-  auto runner = model::Runner::create(model, spec, static_cast<int>(tokens.size()));
+  auto runner = model::Runner::create(model, spec, static_cast<int>(tokens.size()), backend);
   if (!runner.is_ok()) return runner.status();
   const size_t vocab = static_cast<size_t>(model.config().vocab_size);
   std::vector<float> logits(tokens.size() * vocab);

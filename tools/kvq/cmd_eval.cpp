@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvq/command.h"
+#include "kvq/backend/backend.h"
 #include "kvq/eval/eval.h"
 #include "kvq/eval/gate.h"
 #include "kvq/eval/logits_dump.h"
@@ -44,6 +45,8 @@ struct EvalCli {
   std::string dump_logits;
   int dump_tokens = 512;
   std::string command_line;
+  std::string backend = "auto";
+  std::string weights = "auto";
 };
 
 // The command as typed, for the JSON report (Linux: /proc/self/cmdline, NUL-separated).
@@ -118,9 +121,15 @@ int run_eval_cmd(const EvalCli& o) {
   auto specs = eval::parse_spec_list(so);
   if (!specs.is_ok()) return fail("cache specs", specs.status());
 
+  auto kind = backend::resolve_backend(o.backend);
+  if (!kind.is_ok()) return fail("--backend", kind.status());
   auto path = model::resolve_model_path(o.model);
   if (!path.is_ok()) return fail("--model", path.status());
   auto t0 = std::chrono::steady_clock::now();
+  backend::BackendOptions bo;
+  bo.cpu_threads = 0;
+  auto be = backend::create_backend(kind.value(), bo);
+  if (!be.is_ok()) return fail("--backend " + o.backend, be.status());
   auto model = model::Model::load(path.value(), o.tokenizer);
   if (!model.is_ok()) return fail("loading " + path.value(), model.status());
   const model::Model& m = *model.value();
@@ -137,11 +146,16 @@ int run_eval_cmd(const EvalCli& o) {
   eo.gate_pct = gate.value();
   eo.threads = o.threads;
   eo.bos = o.bos == "auto" ? -1 : o.bos == "on" ? 1 : 0;
+  eo.backend = be.value().get();
+  eo.runner.weights = o.weights == "fp32" ? model::WeightsDType::kF32
+                      : o.weights == "bf16" ? model::WeightsDType::kBf16
+                                            : model::WeightsDType::kAuto;
 
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("model  %s (%s; %d layers, %d kv heads x %d, vocab %d), loaded in %.1f s\n",
               m.config().name.c_str(), path.value().c_str(), m.config().n_layers, m.config().n_kv_heads,
               m.config().head_dim, m.config().vocab_size, load_s);
+  std::printf("engine %s\n", be.value()->describe().c_str());
   std::printf("text   %s: %zu bytes, %zu tokens\n", text.value().source.c_str(), text.value().text.size(),
               ids.size());
 
@@ -154,7 +168,7 @@ int run_eval_cmd(const EvalCli& o) {
     d.text_ids = ids;
     const auto& w0 = windows.value().front().tokens;
     d.tokens.assign(w0.begin(), w0.begin() + std::min<size_t>(w0.size(), static_cast<size_t>(std::max(1, o.dump_tokens))));
-    auto logits = eval::compute_logits(m, eval::baseline_spec(), d.tokens, eo.chunk_tokens);
+    auto logits = eval::compute_logits(m, eval::baseline_spec(), d.tokens, eo.chunk_tokens, eo.backend);
     if (!logits.is_ok()) return fail("computing logits", logits.status());
     d.logits = std::move(logits).value();
     Status st = eval::write_logits_dump(o.dump_logits, d);
@@ -227,6 +241,12 @@ const RegisterCommand kRegister{{[](CLI::App& app) -> std::function<int()> {
       ->capture_default_str();
   c->add_option("--bos", o->bos, "start each window with BOS: auto (as the model asks), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  c->add_option("--backend", o->backend, "where the model runs: cpu, cuda or auto (cuda when a GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  c->add_option("--weights", o->weights, "weight precision on the backend: auto (fp32 on cpu, bf16 on cuda), fp32, bf16")
+      ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   c->add_option("--json", o->json_out, "also write the full report (per-window NLL included) as JSON");
   c->add_flag("--markdown", o->markdown, "print the table as Markdown");

@@ -27,6 +27,8 @@ struct EvalOptions {
   double gate_pct = 3.0;     // dPPL above this fails a spec (and moves auto down its chain)
   int bos = -1;              // -1: as the model asks (ModelConfig::add_bos), 0: never, 1: always
   int threads = 0;           // threads comparing logits rows; 0 = hardware concurrency (max 8)
+  backend::Backend* backend = nullptr;  // where the model runs; null = a CPU backend per runner
+  model::RunnerOptions runner;          // weights dtype, CUDA graphs
 };
 
 struct EvalProgress {
@@ -53,6 +55,7 @@ Result<EvalReport> run_eval(const model::Model& model, const std::vector<int32_t
 
 // Logits [tokens.size()][vocab] of one run from an empty cache (validation against other engines).
 Result<std::vector<float>> compute_logits(const model::Model& model, const QuantSpec& spec,
-                                          const std::vector<int32_t>& tokens, int chunk_tokens = 256);
+                                          const std::vector<int32_t>& tokens, int chunk_tokens = 256,
+                                          backend::Backend* backend = nullptr);
 
 }  // namespace kvq::eval
