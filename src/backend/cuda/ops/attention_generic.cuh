@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
         for (int r = 0; r < slot; ++r) {
           const size_t e = g.elem_index(page, h, r);
           for (int i = threadIdx.x; i < d; i += 32) {
-            const float x = format::decode_byte(f, codes[e + i]) * scale;
+            const float x = kvq::decode_byte(f, codes[e + i]) * scale;
             codes[e + i] = isfinite(x) ? encode_byte(f, __fdiv_rn(x, grown)) : uint8_t{0};
           }
         }
@@ -177,7 +177,7 @@ __device__ __forceinline__ float kv_value(const GenericAttendParams& p, bool is_
   if (g.format == Format::kBf16) return format::bf16_to_float(reinterpret_cast<const uint16_t*>(c)[e]);
   if (g.format == Format::kFp16) return format::fp16_to_float(reinterpret_cast<const uint16_t*>(c)[e]);
   const float* sc = is_v ? p.layer.v_scales : p.layer.k_scales;
-  return format::decode_byte(g.format, c[e]) * sc[g.scale_index(page, kvh, slot)];
+  return kvq::decode_byte(g.format, c[e]) * sc[g.scale_index(page, kvh, slot)];
 }
 
 // Warp w of a CTA: query head blockIdx.x * 4 + w of row blockIdx.y. Tokens go 32 at a time: lane l
