@@ -25,7 +25,7 @@ if [[ $mode == pack ]]; then
   ldd .device/bin/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
     grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so|libcu' |
     while read -r lib; do cp -L "$lib" .device/lib/; done
-  zstd -q -19 -T2 --rm .device/bin/* .device/lib/*
+  gzip -9 .device/bin/* .device/lib/*  # the GPU image has no zstd
   du -sh .device
   exit 0
 fi
@@ -40,8 +40,8 @@ summary="$OUT/summary.txt"
 note() { echo "$*" | tee -a "$summary"; }
 
 rm -rf /tmp/kvq-bin && mkdir -p /tmp/kvq-bin/bin /tmp/kvq-bin/lib
-for f in .device/bin/*.zst; do zstd -q -d "$f" -o "/tmp/kvq-bin/bin/$(basename "$f" .zst)"; done
-for f in .device/lib/*.zst; do [[ -e $f ]] && zstd -q -d "$f" -o "/tmp/kvq-bin/lib/$(basename "$f" .zst)"; done
+for f in .device/bin/*.gz; do gunzip -c "$f" >"/tmp/kvq-bin/bin/$(basename "$f" .gz)"; done
+for f in .device/lib/*.gz; do [[ -e $f ]] && gunzip -c "$f" >"/tmp/kvq-bin/lib/$(basename "$f" .gz)"; done
 chmod +x /tmp/kvq-bin/bin/*
 cudalib=$(dirname "$(find / -name 'libcublas.so.13*' -path '*cuda*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${cudalib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
@@ -51,13 +51,14 @@ ldd $B/kvq | grep -E 'not found|cublas|cudart' | tee -a "$OUT/env.txt"
 
 # stories260K where the binaries look for it (KVQ_SOURCE_DIR/../shared/models, baked at build time).
 src_dir="${KVQ_BUILT_SOURCE_DIR:-/work/wt-cuda}"  # KVQ_SOURCE_DIR of the build
-mkdir -p "$(dirname "$src_dir")/shared/models" && cp -r "$MODELS_DIR/stories260K" "$(dirname "$src_dir")/shared/models/"
+mkdir -p "$src_dir" "$(dirname "$src_dir")/shared/models" && cp -r "$MODELS_DIR/stories260K" "$(dirname "$src_dir")/shared/models/"
 # SmolLM2 from its pieces (PIECES_DIRS: folders that hold SmolLM2.part*, possibly left by an earlier call).
 export KVQ_CACHE_DIR=/tmp/kvq-cache
 mkdir -p $KVQ_CACHE_DIR
 smol=$KVQ_CACHE_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
 if [[ ! -s $smol ]]; then
-  parts=$(ls ${PIECES_DIRS:-$PWD/../.gpu-model-a $PWD/../.gpu-model-b}/SmolLM2.part* 2>/dev/null | sort -t. -k3)
+  parts=""
+  for d in ${PIECES_DIRS:-$PWD/../.gpu-model-a $PWD/../.gpu-model-b}; do parts="$parts $(ls "$d"/SmolLM2.part* 2>/dev/null)"; done
   [[ -n $parts ]] && cat $parts >"$smol"
 fi
 if [[ -s $smol ]] && [[ -f $MODELS_DIR/SmolLM2.sha256 ]] && [[ $(sha256sum "$smol" | cut -c1-64) == $(cut -c1-64 "$MODELS_DIR/SmolLM2.sha256") ]]; then

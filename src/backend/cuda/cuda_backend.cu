@@ -341,7 +341,8 @@ class CudaBackend final : public Backend {
 
   // ---- attention -----------------------------------------------------------------------------------
 
-  Status can_implement(const DecodeArgs& a) const override {
+  Status can_implement(const DecodeArgs& args) const override {
+    const DecodeArgs a = without_empty_sink(args);
     if (fast_shape(a.geom)) return kc::can_implement(a);
     KVQ_RETURN_IF_ERROR(check_generic_shape(a.geom, "decode"));
     KVQ_RETURN_IF_ERROR(check_common(a.num_q_heads, a.geom, a.softmax_scale, a.q, a.out, "decode"));
@@ -356,7 +357,8 @@ class CudaBackend final : public Backend {
     auto it = plans_.find(plan_key(a));
     return it == plans_.end() ? 0 : kc::workspace_size(a, it->second);
   }
-  Status run(const DecodeArgs& a) override {
+  Status run(const DecodeArgs& args) override {
+    const DecodeArgs a = without_empty_sink(args);
     KVQ_RETURN_IF_ERROR(can_implement(a));
     if (a.tables.num_seqs == 0) return Status::ok();
     if (fast_shape(a.geom)) return run_fast_decode(a);
@@ -410,6 +412,7 @@ class CudaBackend final : public Backend {
     d.q = a.q, d.out = a.out, d.lse = a.lse;
     d.num_q_heads = a.num_q_heads;
     d.softmax_scale = a.softmax_scale;
+    d = without_empty_sink(d);
     KVQ_RETURN_IF_ERROR(kc::can_implement(d));
     return run_fast_decode(d);
   }
@@ -465,6 +468,17 @@ class CudaBackend final : public Backend {
     const cache::CacheGeometry& g = a.geom;
     return {a.tables.num_seqs, a.tables.max_blocks, a.tables.max_sink_blocks, a.num_q_heads, g.num_kv_heads,
             g.head_dim, g.block_size, static_cast<int>(g.format), static_cast<int>(g.granularity)};
+  }
+
+  // A cache without sink pages (sink 0: the bf16 baseline) still gets padded sink tables from the
+  // engine (all -1, every sink length 0); the fast decode refuses sink tables without sink planes.
+  static DecodeArgs without_empty_sink(const DecodeArgs& a) {
+    DecodeArgs d = a;
+    if (a.layer.k_sink == nullptr || a.geom.num_sink_pages == 0) {
+      d.tables.max_sink_blocks = 0;
+      d.tables.sink_tables = nullptr;
+    }
+    return d;
   }
 
   static Status check_common(int num_q_heads, const cache::CacheGeometry& g, float scale, const float* q,
