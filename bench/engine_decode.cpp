@@ -71,7 +71,7 @@ int run(const Opts& o) {
   if (!m.is_ok()) return std::fprintf(stderr, "load: %s\n", m.status().to_string().c_str()), 2;
   const model::Model& model = *m.value();
   const int V = model.config().vocab_size;
-  std::printf("engine %s | model %s | batch %d, context %d, %d timed steps after %d warm-up\n",
+  std::printf("engine %s | model %s | batch %d, context up to %d, %d timed steps after %d warm-up\n",
               be.value()->describe().c_str(), model.config().name.c_str(), o.batch, o.ctx, o.steps, o.warmup);
   // Prompt tokens: a fixed pseudo-random walk over the vocabulary (the speed does not depend on them).
   std::vector<int32_t> prompt(static_cast<size_t>(o.ctx));
@@ -90,7 +90,11 @@ int run(const Opts& o) {
     if (!spec.is_ok()) return std::fprintf(stderr, "%s\n", spec.status().to_string().c_str()), 2;
     model::EngineOptions eo;
     eo.max_seqs = o.batch;
-    eo.max_tokens = std::min(model.config().max_seq_len, o.ctx + o.steps + o.warmup + 1);
+    // The last timed step runs at context `ctx` (capped by the model's context length).
+    const int ctx = std::min(model.config().max_seq_len, o.ctx);
+    const int prefill = ctx - o.steps - o.warmup;
+    if (prefill < 1) return std::fprintf(stderr, "--ctx must exceed --steps + --warmup\n"), 2;
+    eo.max_tokens = ctx;
     eo.chunk_tokens = 256;
     eo.max_step_tokens = 4096;
     auto e = model::Engine::create(model, spec.value(), *be.value(), eo);
@@ -102,7 +106,7 @@ int run(const Opts& o) {
       auto s = eng.add_sequence();
       if (!s.is_ok()) return std::fprintf(stderr, "%s\n", s.status().to_string().c_str()), 1;
       seqs.push_back(s.value());
-      steps.push_back({s.value(), prompt.data(), o.ctx - 1, model::LogitsMode::kNone, nullptr});
+      steps.push_back({s.value(), prompt.data(), prefill, model::LogitsMode::kNone, nullptr});
     }
     Row r;
     r.spec = name;
@@ -111,8 +115,8 @@ int run(const Opts& o) {
     if (st.is_ok()) st = be.value()->synchronize();
     if (!st.is_ok()) return std::fprintf(stderr, "%s prefill: %s\n", name.c_str(), st.to_string().c_str()), 1;
     r.prefill_s = now_s() - t0;
-    // Greedy decode: the context reaches ctx at the first step.
-    std::vector<int32_t> cur(static_cast<size_t>(o.batch), prompt.back()), next(cur.size());
+    // Greedy decode: contexts prefill + 1 .. ctx.
+    std::vector<int32_t> cur(static_cast<size_t>(o.batch), prompt[static_cast<size_t>(prefill)]), next(cur.size());
     const std::vector<model::SampleParams> greedy(static_cast<size_t>(o.batch));
     std::vector<double> ms;
     for (int t = 0; t < o.warmup + o.steps; ++t) {

@@ -11,7 +11,7 @@
 # Inputs on the GPU machine (carried): MODELS_DIR (default ../.gpu-model) with stories260K/, the eval
 # text pydoc_topics.txt and SmolLM2 as SmolLM2.part* pieces (the carry limit is below the file size;
 # pieces may arrive in different calls while the machine stays warm, see PIECES_DIRS). Environment: OUT, KVQ_STEPS (default
-# "tests sanitize stories smol bench").
+# "tests sanitize stories smolcuda smolcpu bench").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
@@ -68,6 +68,7 @@ else
 fi
 text="$MODELS_DIR/pydoc_topics.txt"
 
+export KVQ_EVAL_TEXT="$MODELS_DIR/pydoc_topics.txt"  # SmolLM2 tests of test_backend
 if [[ $steps == *tests* ]]; then
   for t in test_backend test_attention_cuda; do
     [[ -x $B/$t ]] || continue
@@ -75,7 +76,7 @@ if [[ $steps == *tests* ]]; then
     note "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]' "$OUT/$t.log" | head -20 | tee -a "$summary"
   done
-  grep -E '^\[ (logits|planes|greedy) \]' "$OUT/test_backend.log" | tee -a "$summary"
+  grep -E '^\[ (logits|planes|greedy|smollm2) \]' "$OUT/test_backend.log" | tee -a "$summary"
 fi
 
 if [[ $steps == *sanitize* ]]; then
@@ -102,13 +103,22 @@ if [[ $steps == *stories* ]]; then
   done
 fi
 
-if [[ $steps == *smol* ]] && [[ -s $smol ]]; then
-  # The main job's eval (scripts/run.sh), then all four formats x both granularities.
+has() { [[ " $steps " == *" $1 "* ]]; }
+if [[ -s $smol ]]; then
+  # The main job's eval (scripts/run.sh), then all four formats x both granularities; the CUDA runs
+  # also with fp32 weights (the CPU engine's), which isolates the backends' rounding.
   for be in cuda cpu; do
+    has "smol$be" || continue
     run_eval mainjob "$be" --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
       --kv-cache-dtype bf16,fp8,fp8_fnuz,int8,fp8:per_tensor --gate 3%
     run_eval grid "$be" --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
       --kv-cache-dtype bf16,fp8,fp8_fnuz,int8 --kv-scale-granularity per_token_head,per_block_head
+    if [[ $be == cuda ]]; then
+      run_eval mainjob_w32 "$be" --weights fp32 --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
+        --kv-cache-dtype bf16,fp8,fp8_fnuz,int8,fp8:per_tensor --gate 3%
+      run_eval grid_w32 "$be" --weights fp32 --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
+        --kv-cache-dtype bf16,fp8,fp8_fnuz,int8 --kv-scale-granularity per_token_head,per_block_head
+    fi
   done
 fi
 
