@@ -72,7 +72,7 @@ export KVQ_EVAL_TEXT="$MODELS_DIR/pydoc_topics.txt"  # SmolLM2 tests of test_bac
 if [[ $steps == *tests* ]]; then
   for t in test_backend test_attention_cuda; do
     [[ -x $B/$t ]] || continue
-    timeout 400 $B/$t --gtest_brief=0 >"$OUT/$t.log" 2>&1
+    timeout 400 $B/$t --gtest_brief=0 --gtest_filter="${GTEST_FILTER:-*}" >"$OUT/$t.log" 2>&1
     note "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$t.log" | tr '\n' ' ')"
     grep -E '^\[  FAILED  \]' "$OUT/$t.log" | head -20 | tee -a "$summary"
   done
@@ -119,6 +119,15 @@ if [[ -s $smol ]]; then
       run_eval grid_w32 "$be" --weights fp32 --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
         --kv-cache-dtype bf16,fp8,fp8_fnuz,int8 --kv-scale-granularity per_token_head,per_block_head
     fi
+  done
+fi
+
+if has prefillcmp && [[ -s $smol ]]; then
+  # Prefill speed of the two prefill paths (fp32 generic kernel, default; decode kernel on virtual sequences).
+  for pf in generic decode; do
+    KVQ_CUDA_PREFILL=$pf timeout 300 $B/kvq_engine_bench --model smollm2 --backend cuda --batch 8 --ctx 8192 --steps 8 \
+      --warmup 3 --specs bf16,fp8 --json "$OUT/bench_prefill_$pf.json" >"$OUT/bench_prefill_$pf.log" 2>&1
+    note "prefill path $pf: rc=$?"; grep -E '^  ' "$OUT/bench_prefill_$pf.log" | tee -a "$summary"
   done
 fi
 

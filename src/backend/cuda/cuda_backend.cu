@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cub/device/device_segmented_radix_sort.cuh>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <tuple>
@@ -129,6 +130,8 @@ class CudaBackend final : public Backend {
     KVQ_RETURN_IF_ERROR(
         blas_status(cublasSetWorkspace(blas_, blas_ws_.get(), blas_ws_.size()), "cuda backend: cublasSetWorkspace"));
     KVQ_RETURN_IF_ERROR(grow(write_ws_, 256));
+    const char* pf = std::getenv("KVQ_CUDA_PREFILL");  // measurement switch, see run(PrefillArgs)
+    prefill_via_decode_ = pf != nullptr && std::string(pf) == "decode";
     return Status::ok();
   }
 
@@ -385,12 +388,12 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
   size_t workspace_size(const PrefillArgs& a) const override {
-    return fast_shape(a.geom) ? prefill_carve(a).total : 0;
+    return fast_shape(a.geom) && prefill_via_decode_ ? prefill_carve(a).total : 0;
   }
   Status run(const PrefillArgs& a) override {
     KVQ_RETURN_IF_ERROR(can_implement(a));
     if (a.n_q == 0) return Status::ok();
-    if (!fast_shape(a.geom))
+    if (!fast_shape(a.geom) || !prefill_via_decode_)
       return run_generic(a.geom, a.layer, a.tables, a.q, a.out, a.lse, a.n_q, a.num_q_heads, a.softmax_scale, a.q_pos0);
     // Query i of the chunk = a decode sequence of length q_pos0 + i + 1 over the same pages.
     const size_t mb = size_t(a.tables.max_blocks), msb = size_t(a.tables.max_sink_blocks);
@@ -557,7 +560,16 @@ class CudaBackend final : public Backend {
     p.q = q, p.out = out, p.lse = lse;
     p.rows = rows, p.num_q_heads = num_q_heads, p.softmax_scale = scale, p.prefill_pos0 = prefill_pos0;
     const dim3 grid((num_q_heads + 3) / 4, rows);
-    cuda_ops::generic_attend_kernel<<<grid, 128, 0, stream_>>>(p);
+    switch (g.format) {
+      case Format::kBf16: cuda_ops::generic_attend_kernel<Format::kBf16><<<grid, 128, 0, stream_>>>(p); break;
+      case Format::kFp16: cuda_ops::generic_attend_kernel<Format::kFp16><<<grid, 128, 0, stream_>>>(p); break;
+      case Format::kFp8E4m3: cuda_ops::generic_attend_kernel<Format::kFp8E4m3><<<grid, 128, 0, stream_>>>(p); break;
+      case Format::kFp8E4m3Fnuz:
+        cuda_ops::generic_attend_kernel<Format::kFp8E4m3Fnuz><<<grid, 128, 0, stream_>>>(p);
+        break;
+      case Format::kInt8: cuda_ops::generic_attend_kernel<Format::kInt8><<<grid, 128, 0, stream_>>>(p); break;
+      default: return unsupported("cuda attention: unsupported cache format");
+    }
     return launch_status(prefill_pos0 < 0 ? "cuda decode (generic)" : "cuda prefill (generic)");
   }
 
@@ -577,6 +589,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   bool capturing_ = false;
+  bool prefill_via_decode_ = false;
   std::map<PlanKey, kc::DecodePlan> plans_;
   std::vector<cudaGraphExec_t> graphs_;
   // Workspaces by purpose (one stream orders their uses).

@@ -160,29 +160,52 @@ struct GenericAttendParams {
   int prefill_pos0;  // < 0: decode (row r = sequence r); else causal prefill of sequence 0
 };
 
-// Element i of token j of one kv head, dequantized as the host's dequantize_row does.
-__device__ __forceinline__ float kv_value(const GenericAttendParams& p, bool is_v, int seq, int j, int sink_len,
-                                          int kvh, int i) {
+// Where token j of one kv head lives: element index of its dim 0 in the sink or the codes plane
+// and its K and V scales (1 for sink and 16-bit tokens). Looked up once per token.
+struct TokRef {
+  unsigned long long elem;
+  float ks, vs;
+  int sink;
+};
+
+template <Format F>
+__device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq, int j, int sink_len, int kvh) {
   const cache::CacheGeometry& g = p.geom;
   const int bs = g.block_size;
   if (j < sink_len) {
     const int page = p.tables.sink_tables[size_t(seq) * p.tables.max_sink_blocks + j / bs];
-    const uint16_t* s = is_v ? p.layer.v_sink : p.layer.k_sink;
-    return format::bf16_to_float(s[g.elem_index(page, kvh, j % bs) + i]);
+    return {g.elem_index(page, kvh, j % bs), 1.f, 1.f, 1};
   }
   const int u = j - sink_len;
   const int page = p.tables.block_tables[size_t(seq) * p.tables.max_blocks + u / bs], slot = u % bs;
-  const uint8_t* c = is_v ? p.layer.v_codes : p.layer.k_codes;
-  const size_t e = g.elem_index(page, kvh, slot) + i;
-  if (g.format == Format::kBf16) return format::bf16_to_float(reinterpret_cast<const uint16_t*>(c)[e]);
-  if (g.format == Format::kFp16) return format::fp16_to_float(reinterpret_cast<const uint16_t*>(c)[e]);
-  const float* sc = is_v ? p.layer.v_scales : p.layer.k_scales;
-  return kvq::decode_byte(g.format, c[e]) * sc[g.scale_index(page, kvh, slot)];
+  TokRef t{g.elem_index(page, kvh, slot), 1.f, 1.f, 0};
+  if constexpr (F != Format::kBf16 && F != Format::kFp16) {
+    const size_t si = g.scale_index(page, kvh, slot);  // per_tensor: 0
+    t.ks = p.layer.k_scales[si];
+    t.vs = p.layer.v_scales[si];
+  }
+  return t;
 }
 
-// Warp w of a CTA: query head blockIdx.x * 4 + w of row blockIdx.y. Tokens go 32 at a time: lane l
-// computes token (c + l)'s logit, then every lane accumulates its own head dims (l, l + 32, ...)
-// over the 32 tokens, so registers stay bounded for any head_dim <= 256.
+// Element i of a token, dequantized as the host's dequantize_row does (code value * scale).
+template <Format F>
+__device__ __forceinline__ float tok_value(const GenericAttendParams& p, bool is_v, const TokRef& t, int i) {
+  if (t.sink) return format::bf16_to_float((is_v ? p.layer.v_sink : p.layer.k_sink)[t.elem + i]);
+  const uint8_t* c = is_v ? p.layer.v_codes : p.layer.k_codes;
+  if constexpr (F == Format::kBf16) return format::bf16_to_float(reinterpret_cast<const uint16_t*>(c)[t.elem + i]);
+  else if constexpr (F == Format::kFp16) return format::fp16_to_float(reinterpret_cast<const uint16_t*>(c)[t.elem + i]);
+  else return kvq::decode_byte(F, c[t.elem + i]) * (is_v ? t.vs : t.ks);
+}
+
+__device__ __forceinline__ TokRef shfl_ref(const TokRef& t, int src) {
+  return {__shfl_sync(0xffffffffu, t.elem, src), __shfl_sync(0xffffffffu, t.ks, src), __shfl_sync(0xffffffffu, t.vs, src),
+          __shfl_sync(0xffffffffu, t.sink, src)};
+}
+
+// Warp w of a CTA: query head blockIdx.x * 4 + w of row blockIdx.y, all in fp32. Tokens go 32 at a
+// time: lane l computes token (c + l)'s logit, then every lane accumulates its own head dims
+// (l, l + 32, ...) over the 32 tokens, so registers stay bounded for any head_dim <= 256.
+template <Format F>
 __global__ void __launch_bounds__(128) generic_attend_kernel(const GenericAttendParams p) {
   constexpr int kDimsPerLane = kMaxGenericHeadDim / 32;
   __shared__ float qs[4][kMaxGenericHeadDim];
@@ -207,9 +230,11 @@ __global__ void __launch_bounds__(128) generic_attend_kernel(const GenericAttend
   for (int c = 0; c < len; c += 32) {
     const int j = c + lane;
     float s = kNegInf;
+    TokRef t{0, 1.f, 1.f, 1};
     if (j < len) {
+      t = tok_ref<F>(p, seq, j, sink_len, kvh);
       float dot = 0.f;
-      for (int i = 0; i < d; ++i) dot = fmaf(qs[warp][i], kv_value(p, false, seq, j, sink_len, kvh, i), dot);
+      for (int i = 0; i < d; ++i) dot = fmaf(qs[warp][i], tok_value<F>(p, false, t, i), dot);
       s = dot * p.softmax_scale;
     }
     const float m_new = fmaxf(m, warp_max(s));
@@ -222,10 +247,11 @@ __global__ void __launch_bounds__(128) generic_attend_kernel(const GenericAttend
     const int n = min(32, len - c);
     for (int jj = 0; jj < n; ++jj) {
       const float w = __shfl_sync(0xffffffffu, pj, jj);
+      const TokRef tj = shfl_ref(t, jj);
 #pragma unroll
       for (int k = 0; k < kDimsPerLane; ++k) {
         const int i = lane + 32 * k;
-        if (i < d) acc[k] = fmaf(w, kv_value(p, true, seq, c + jj, sink_len, kvh, i), acc[k]);
+        if (i < d) acc[k] = fmaf(w, tok_value<F>(p, true, tj, i), acc[k]);
       }
     }
   }
