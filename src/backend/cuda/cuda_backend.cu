@@ -559,15 +559,18 @@ class CudaBackend final : public Backend {
     p.geom = g, p.layer = layer, p.tables = t;
     p.q = q, p.out = out, p.lse = lse;
     p.rows = rows, p.num_q_heads = num_q_heads, p.softmax_scale = scale, p.prefill_pos0 = prefill_pos0;
-    const dim3 grid((num_q_heads + 3) / 4, rows);
+    const int group = num_q_heads / g.num_kv_heads;
+    const int per_cta = std::min(group, cuda_ops::kAttendHeadsPerCta);
+    const int head_groups = (group + cuda_ops::kAttendHeadsPerCta - 1) / cuda_ops::kAttendHeadsPerCta;
+    const dim3 grid(g.num_kv_heads * head_groups, rows), block(32 * per_cta);
     switch (g.format) {
-      case Format::kBf16: cuda_ops::generic_attend_kernel<Format::kBf16><<<grid, 128, 0, stream_>>>(p); break;
-      case Format::kFp16: cuda_ops::generic_attend_kernel<Format::kFp16><<<grid, 128, 0, stream_>>>(p); break;
-      case Format::kFp8E4m3: cuda_ops::generic_attend_kernel<Format::kFp8E4m3><<<grid, 128, 0, stream_>>>(p); break;
+      case Format::kBf16: cuda_ops::generic_attend_kernel<Format::kBf16><<<grid, block, 0, stream_>>>(p); break;
+      case Format::kFp16: cuda_ops::generic_attend_kernel<Format::kFp16><<<grid, block, 0, stream_>>>(p); break;
+      case Format::kFp8E4m3: cuda_ops::generic_attend_kernel<Format::kFp8E4m3><<<grid, block, 0, stream_>>>(p); break;
       case Format::kFp8E4m3Fnuz:
-        cuda_ops::generic_attend_kernel<Format::kFp8E4m3Fnuz><<<grid, 128, 0, stream_>>>(p);
+        cuda_ops::generic_attend_kernel<Format::kFp8E4m3Fnuz><<<grid, block, 0, stream_>>>(p);
         break;
-      case Format::kInt8: cuda_ops::generic_attend_kernel<Format::kInt8><<<grid, 128, 0, stream_>>>(p); break;
+      case Format::kInt8: cuda_ops::generic_attend_kernel<Format::kInt8><<<grid, block, 0, stream_>>>(p); break;
       default: return unsupported("cuda attention: unsupported cache format");
     }
     return launch_status(prefill_pos0 < 0 ? "cuda decode (generic)" : "cuda prefill (generic)");

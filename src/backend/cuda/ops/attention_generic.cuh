@@ -3,8 +3,8 @@
 // take (head_dim other than 64/128/256, e.g. stories260K's 8; block sizes other than 16/32):
 //   generic_write_kernel    quantize-on-write, the host cache's rules (PagedKvCache::write) with the
 //                           same device codecs as the fast writer, so codes and scales match the CPU's.
-//   generic_attend_kernel   decode or causal prefill, one warp per (query row, query head), online
-//                           softmax in fp32, dequantization through format::decode_byte.
+//   generic_attend_kernel   decode or causal prefill in fp32 (online softmax), K/V tiles dequantized
+//                           once per CTA into shared memory through the same codecs (decode_byte).
 // And, for the fast path, the expansion of one prefill sequence into n_q virtual decode sequences.
 // These favour simplicity over speed: they serve small models and odd shapes.
 #include <cuda_runtime.h>
@@ -197,64 +197,80 @@ __device__ __forceinline__ float tok_value(const GenericAttendParams& p, bool is
   else return kvq::decode_byte(F, c[t.elem + i]) * (is_v ? t.vs : t.ks);
 }
 
-__device__ __forceinline__ TokRef shfl_ref(const TokRef& t, int src) {
-  return {__shfl_sync(0xffffffffu, t.elem, src), __shfl_sync(0xffffffffu, t.ks, src), __shfl_sync(0xffffffffu, t.vs, src),
-          __shfl_sync(0xffffffffu, t.sink, src)};
-}
+constexpr int kAttendTile = 32;         // tokens per shared-memory tile
+constexpr int kAttendHeadsPerCta = 8;   // query heads of one kv head per CTA (one warp each)
 
-// Warp w of a CTA: query head blockIdx.x * 4 + w of row blockIdx.y, all in fp32. Tokens go 32 at a
-// time: lane l computes token (c + l)'s logit, then every lane accumulates its own head dims
-// (l, l + 32, ...) over the 32 tokens, so registers stay bounded for any head_dim <= 256.
+// CTA = (kv head x group of <= 8 of its query heads, query row); warp w = one query head. Per tile
+// of 32 tokens, all warps load and dequantize the K rows once into shared memory (coalesced; rows
+// padded to D + 1 floats so lane t reading row t hits distinct banks), lane t computes token t's
+// logit for its warp's head, then the V rows replace K and every lane accumulates its own head
+// dims (l, l + 32, ...). All arithmetic in fp32 with an online softmax, as the CPU reference.
 template <Format F>
-__global__ void __launch_bounds__(128) generic_attend_kernel(const GenericAttendParams p) {
+__global__ void __launch_bounds__(32 * kAttendHeadsPerCta) generic_attend_kernel(const GenericAttendParams p) {
   constexpr int kDimsPerLane = kMaxGenericHeadDim / 32;
-  __shared__ float qs[4][kMaxGenericHeadDim];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int hq = blockIdx.x * 4 + warp, r = blockIdx.y;
-  if (hq >= p.num_q_heads) return;
+  __shared__ float tile[kAttendTile * (kMaxGenericHeadDim + 1)];
+  __shared__ float qs[kAttendHeadsPerCta][kMaxGenericHeadDim];
+  __shared__ TokRef refs[kAttendTile];
   const cache::CacheGeometry& g = p.geom;
-  const int d = g.head_dim;
-  const int kvh = hq / (p.num_q_heads / g.num_kv_heads);
+  const int d = g.head_dim, ld = d + 1;
+  const int group = p.num_q_heads / g.num_kv_heads;
+  const int head_groups = (group + kAttendHeadsPerCta - 1) / kAttendHeadsPerCta;
+  const int kvh = blockIdx.x / head_groups, hg = blockIdx.x % head_groups;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = blockIdx.y;
+  const int hq = kvh * group + hg * kAttendHeadsPerCta + warp;
+  const bool active = hg * kAttendHeadsPerCta + warp < group;  // idle warps still load and sync
   const bool prefill = p.prefill_pos0 >= 0;
   const int seq = prefill ? 0 : r;
   const int len = prefill ? p.prefill_pos0 + r + 1 : p.tables.seq_lens[r];
   const int sink_len = min(max(p.tables.sink_lens[seq], 0), max(len, 0));
-  const float* q = p.q + (size_t(r) * p.num_q_heads + hq) * d;
-  for (int i = lane; i < d; i += 32) qs[warp][i] = q[i];
-  __syncwarp();
+  if (active) {
+    const float* q = p.q + (size_t(r) * p.num_q_heads + hq) * d;
+    for (int i = lane; i < d; i += 32) qs[warp][i] = q[i];
+  }
 
   constexpr float kNegInf = -__builtin_huge_valf();
   float m = kNegInf, l = 0.f, acc[kDimsPerLane];
 #pragma unroll
   for (int k = 0; k < kDimsPerLane; ++k) acc[k] = 0.f;
-  for (int c = 0; c < len; c += 32) {
-    const int j = c + lane;
+  auto load_tile = [&](bool is_v, int n) {
+    for (int idx = threadIdx.x; idx < n * d; idx += blockDim.x) {
+      const int t = idx / d, i = idx - t * d;
+      tile[t * ld + i] = tok_value<F>(p, is_v, refs[t], i);
+    }
+  };
+  for (int c = 0; c < len; c += kAttendTile) {
+    const int n = min(kAttendTile, len - c);
+    if (threadIdx.x < n) refs[threadIdx.x] = tok_ref<F>(p, seq, c + threadIdx.x, sink_len, kvh);
+    __syncthreads();
+    load_tile(false, n);
+    __syncthreads();
     float s = kNegInf;
-    TokRef t{0, 1.f, 1.f, 1};
-    if (j < len) {
-      t = tok_ref<F>(p, seq, j, sink_len, kvh);
+    if (active && lane < n) {
       float dot = 0.f;
-      for (int i = 0; i < d; ++i) dot = fmaf(qs[warp][i], tok_value<F>(p, false, t, i), dot);
+      for (int i = 0; i < d; ++i) dot = fmaf(qs[warp][i], tile[lane * ld + i], dot);
       s = dot * p.softmax_scale;
     }
     const float m_new = fmaxf(m, warp_max(s));
     const float alpha = m == kNegInf ? 0.f : expf(m - m_new);
-    const float pj = j < len ? expf(s - m_new) : 0.f;
+    const float pj = lane < n && active ? expf(s - m_new) : 0.f;
     l = l * alpha + warp_sum(pj);
     m = m_new;
+    __syncthreads();  // K reads done
+    load_tile(true, n);
+    __syncthreads();
 #pragma unroll
     for (int k = 0; k < kDimsPerLane; ++k) acc[k] *= alpha;
-    const int n = min(32, len - c);
     for (int jj = 0; jj < n; ++jj) {
       const float w = __shfl_sync(0xffffffffu, pj, jj);
-      const TokRef tj = shfl_ref(t, jj);
 #pragma unroll
       for (int k = 0; k < kDimsPerLane; ++k) {
         const int i = lane + 32 * k;
-        if (i < d) acc[k] = fmaf(w, tok_value<F>(p, true, tj, i), acc[k]);
+        if (i < d) acc[k] = fmaf(w, tile[jj * ld + i], acc[k]);
       }
     }
+    __syncthreads();  // V reads done before the next tile
   }
+  if (!active) return;
   float* o = p.out + (size_t(r) * p.num_q_heads + hq) * d;
   const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
