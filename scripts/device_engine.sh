@@ -122,15 +122,6 @@ if [[ -s $smol ]]; then
   done
 fi
 
-if has prefillcmp && [[ -s $smol ]]; then
-  # Prefill speed of the two prefill paths (fp32 generic kernel, default; decode kernel on virtual sequences).
-  for pf in ${PREFILL_PATHS:-generic decode}; do
-    KVQ_CUDA_PREFILL=$pf timeout 300 $B/kvq_engine_bench --model smollm2 --backend cuda --batch 8 --ctx 8192 --steps 8 \
-      --warmup 3 --specs bf16,fp8 --json "$OUT/bench_prefill_$pf.json" >"$OUT/bench_prefill_$pf.log" 2>&1
-    note "prefill path $pf: rc=$?"; grep -E '^  ' "$OUT/bench_prefill_$pf.log" | tee -a "$summary"
-  done
-fi
-
 if [[ $steps == *bench* ]] && [[ -s $smol ]]; then
   timeout 400 $B/kvq_engine_bench --model smollm2 --backend cuda --batch 64 --ctx 8192 --steps 32 \
     --specs "${BENCH_SPECS:-bf16,fp8,int8,fp8_fnuz}" --json "$OUT/bench_engine.json" >"$OUT/bench_engine.log" 2>&1
