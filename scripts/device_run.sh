@@ -100,10 +100,23 @@ if [[ $steps == *bench* ]]; then
   note "bench write: rc=$?"
 fi
 
+if [[ $steps == *configs* ]]; then
+  # Evidence for docs/GPU_NOTES.md: the same cases with other cache settings.
+  big="64,32,8,128,8192;16,32,16,128,32768;8,32,8,128,8192"
+  { echo "=== per_block_head scales"
+    "$KVQ" bench decode --backend cuda --shapes "$big" --kv-cache-dtype bf16,fp8,int8 --kv-scale-granularity per_block_head --iters 30
+    echo "=== no sink"
+    "$KVQ" bench decode --backend cuda --shapes "$big" --kv-cache-dtype bf16,fp8 --kv-sink-tokens 0 --iters 30
+    echo "=== block 32"
+    "$KVQ" bench decode --backend cuda --shapes "$big" --kv-cache-dtype bf16,fp8 --block-size 32 --iters 30
+  } >>"$OUT/bench.log" 2>&1
+  note "configs: rc=$?"
+fi
+
 if [[ $steps == *ncu* ]] && command -v ncu >/dev/null; then
   timeout 180 ncu --clock-control none --kernel-name regex:decode_kernel --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats --section WarpStateStats \
-    "$KVQ" bench decode --backend cuda --shapes "64,32,8,128,8192" --formats fp8 --iters 30 ${KVQ_NCU_ARGS:-} >"$OUT/ncu.txt" 2>&1
+    "$KVQ" bench decode --backend cuda --shapes "64,32,8,128,8192" --kv-cache-dtype fp8 --iters 30 ${KVQ_NCU_ARGS:-} >"$OUT/ncu.txt" 2>&1
   note "ncu: rc=$?"
 fi
 

@@ -4,6 +4,8 @@
 
 #include "cpu/cpu_backend.h"
 #include "kvq/backend/backend.h"
+#include "kvq/common/hardware.h"
+#include "kvq/format/auto_format.h"
 #ifdef KVQ_HAVE_CUDA
 #include "cuda/cuda_backend.h"
 #include "kvq/common/cuda_device.h"
@@ -42,6 +44,25 @@ std::vector<BackendKind> available_backends() {
   std::vector<BackendKind> v{BackendKind::kCpu};
   if (cuda_usable().is_ok()) v.push_back(BackendKind::kCuda);
   return v;
+}
+
+Format auto_cache_format(BackendKind kind) {
+  HardwareInfo hw;
+  hw.cpu = detect_cpu();
+#ifdef KVQ_HAVE_CUDA
+  if (kind == BackendKind::kCuda) {
+    auto dev = cuda_device_info();
+    if (dev.is_ok()) {
+      hw.gpu.vendor = GpuVendor::kNvidia;
+      hw.gpu.name = dev.value().name;
+      hw.gpu.cc_major = dev.value().cc_major;
+      hw.gpu.cc_minor = dev.value().cc_minor;
+    }
+  }
+#else
+  (void)kind;
+#endif
+  return choose_auto_format(hw).format;
 }
 
 Result<std::unique_ptr<Backend>> create_backend(BackendKind kind, const BackendOptions& opts) {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "kvq/cache/layout.h"
+#include "kvq/model/engine.h"
 #include "kvq/eval/gate.h"
 #include "kvq/eval/metrics.h"
 
@@ -21,12 +22,15 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// One cache spec advancing through the windows next to the baseline.
+// One cache spec advancing through the windows next to the baseline: an engine holding one
+// sequence per window in flight.
 struct Lane {
   QuantSpec spec;
-  std::unique_ptr<model::Runner> runner;
+  std::unique_ptr<model::Engine> engine;
+  std::vector<cache::SeqId> seqs;  // one per window slot
   std::string error;
-  Accumulator total, window;
+  Accumulator total;
+  std::vector<Accumulator> window;  // per window slot
   std::vector<double> window_nll;
   int64_t tokens = 0;
   double seconds = 0;
@@ -85,30 +89,47 @@ class Evaluator {
   int vocab_;
   int threads_ = 1;
   Clock::time_point start_ = Clock::now();
+  std::unique_ptr<backend::Backend> cpu_;  // when the caller gave no backend
 };
 
 Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& specs) {
   int max_len = 0;
   for (const auto& w : windows_) max_len = std::max(max_len, static_cast<int>(w.tokens.size()));
-  auto base_runner = model::Runner::create(model_, baseline_spec(), max_len, opts_.backend, opts_.runner);
-  if (!base_runner.is_ok())
-    return Status(base_runner.status().code(), "bf16 baseline runner: " + base_runner.status().message());
-  Lane base;
-  base.spec = baseline_spec();
-  base.runner = std::move(base_runner).value();
-
-  std::vector<Lane> lanes(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    lanes[i].spec = specs[i];
-    auto r = model::Runner::create(model_, specs[i], max_len, opts_.backend, opts_.runner);
-    if (r.is_ok()) lanes[i].runner = std::move(r).value();
-    else lanes[i].error = r.status().message();
+  const int inflight = std::clamp(opts_.windows_in_flight, 1, std::max(1, static_cast<int>(windows_.size())));
+  backend::Backend* be = opts_.backend;
+  if (be == nullptr) {
+    if (!cpu_) {
+      auto cpu = backend::create_backend(backend::BackendKind::kCpu);
+      if (!cpu.is_ok()) return cpu.status();
+      cpu_ = std::move(cpu).value();
+    }
+    be = cpu_.get();
   }
+  model::EngineOptions eo;
+  eo.max_seqs = inflight;
+  eo.max_tokens = max_len;
+  eo.weights = opts_.runner.weights;
+  eo.cuda_graphs = opts_.runner.cuda_graphs;
+  auto make_lane = [&](Lane& l, const QuantSpec& spec) -> Status {
+    l.spec = spec;
+    l.window.assign(static_cast<size_t>(inflight), Accumulator{});
+    auto e = model::Engine::create(model_, spec, *be, eo);
+    if (!e.is_ok()) return e.status();
+    l.engine = std::move(e).value();
+    return Status::ok();
+  };
+  Lane base;
+  if (Status st = make_lane(base, baseline_spec()); !st.is_ok())
+    return Status(st.code(), "bf16 baseline engine: " + st.message());
+  std::vector<Lane> lanes(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i)
+    if (Status st = make_lane(lanes[i], specs[i]); !st.is_ok()) lanes[i].error = st.message();
 
   const int chunk = std::max(1, opts_.chunk_tokens);
-  std::vector<float> base_logits(static_cast<size_t>(chunk) * vocab_), spec_logits(base_logits.size());
-  std::vector<RowStats> stats(static_cast<size_t>(chunk));
-  std::vector<int32_t> targets(static_cast<size_t>(chunk));
+  const size_t slot_floats = static_cast<size_t>(chunk) * vocab_;
+  std::vector<float> base_logits(slot_floats * inflight), spec_logits(base_logits.size());
+  std::vector<std::vector<RowStats>> stats(static_cast<size_t>(inflight), std::vector<RowStats>(chunk));
+  std::vector<std::vector<int32_t>> targets(static_cast<size_t>(inflight), std::vector<int32_t>(chunk));
   std::vector<RowComparison> rows;
 
   const auto pass_start = Clock::now();
@@ -119,51 +140,83 @@ Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& s
   for (const auto& l : lanes) live += l.error.empty() ? 1 : 0;
   for (const auto& w : windows_) prog.total += static_cast<int64_t>(w.tokens.size()) * live;
 
-  auto forward = [&](Lane& lane, const int32_t* tok, int n, float* logits) -> Status {
+  // Fresh sequences for the windows [w0, w0 + count) of a group.
+  auto reset = [&](Lane& l, int count) -> Status {
+    for (cache::SeqId s : l.seqs) KVQ_RETURN_IF_ERROR(l.engine->free_sequence(s));
+    l.seqs.clear();
+    for (int i = 0; i < count; ++i) {
+      auto s = l.engine->add_sequence();
+      if (!s.is_ok()) return s.status();
+      l.seqs.push_back(s.value());
+      l.window[static_cast<size_t>(i)] = Accumulator{};
+    }
+    return Status::ok();
+  };
+  // One chunk of every window of the group that still has tokens at `off`, in one engine call.
+  auto forward = [&](Lane& lane, size_t w0, int count, int off, float* logits) -> Status {
+    std::vector<model::SeqStep> steps;
+    int n_tok = 0;
+    for (int i = 0; i < count; ++i) {
+      const auto& tok = windows_[w0 + static_cast<size_t>(i)].tokens;
+      const int n = static_cast<int>(tok.size());
+      if (off >= n) continue;
+      const int len = std::min(chunk, n - off);
+      steps.push_back({lane.seqs[static_cast<size_t>(i)], tok.data() + off, len, model::LogitsMode::kAll,
+                       logits + static_cast<size_t>(i) * slot_floats});
+      n_tok += len;
+    }
     auto t0 = Clock::now();
-    Status st = lane.runner->forward(tok, n, logits);
+    Status st = lane.engine->forward(steps);
     lane.seconds += seconds_since(t0);
-    lane.tokens += n;
-    prog.done += n;
+    lane.tokens += n_tok;
+    prog.done += n_tok;
     return st;
   };
 
-  for (size_t wi = 0; wi < windows_.size(); ++wi) {
-    const std::vector<int32_t>& tok = windows_[wi].tokens;
-    const int n = static_cast<int>(tok.size());
-    KVQ_RETURN_IF_ERROR(base.runner->reset());
+  for (size_t w0 = 0; w0 < windows_.size(); w0 += static_cast<size_t>(inflight)) {
+    const int count = static_cast<int>(std::min<size_t>(inflight, windows_.size() - w0));
+    int group_len = 0;
+    for (int i = 0; i < count; ++i)
+      group_len = std::max(group_len, static_cast<int>(windows_[w0 + static_cast<size_t>(i)].tokens.size()));
+    KVQ_RETURN_IF_ERROR(reset(base, count));
     for (auto& l : lanes) {
-      l.window = Accumulator{};
       if (!l.error.empty()) continue;
-      Status st = l.runner->reset();
+      Status st = reset(l, count);
       if (!st.is_ok()) l.error = st.message();
     }
-    base.window = Accumulator{};
-    for (int off = 0; off < n; off += chunk) {
-      const int len = std::min(chunk, n - off);
-      Status st = forward(base, tok.data() + off, len, base_logits.data());
+    for (int off = 0; off < group_len; off += chunk) {
+      Status st = forward(base, w0, count, off, base_logits.data());
       if (!st.is_ok()) return Status(st.code(), "bf16 baseline forward: " + st.message());
-      // Rows whose position has a next token; the window's last position has none.
-      const int scored = std::min(len, n - 1 - off);
-      for (int r = 0; r < scored; ++r) {
-        const float* row = base_logits.data() + static_cast<size_t>(r) * vocab_;
-        stats[r] = row_stats(row, vocab_);
-        targets[r] = tok[off + r + 1];
-        RowComparison self;
-        self.base_nll = self.spec_nll = token_nll(row, vocab_, targets[r]);
-        self.top1_agree = true;
-        base.window.add(self);
+      // Rows whose position has a next token; a window's last position has none.
+      std::vector<int> scored(static_cast<size_t>(count), 0);
+      for (int i = 0; i < count; ++i) {
+        const auto& tok = windows_[w0 + static_cast<size_t>(i)].tokens;
+        const int n = static_cast<int>(tok.size());
+        scored[i] = std::max(0, std::min(std::min(chunk, n - off), n - 1 - off));
+        for (int r = 0; r < scored[i]; ++r) {
+          const float* row = base_logits.data() + static_cast<size_t>(i) * slot_floats + static_cast<size_t>(r) * vocab_;
+          stats[i][r] = row_stats(row, vocab_);
+          targets[i][r] = tok[off + r + 1];
+          RowComparison self;
+          self.base_nll = self.spec_nll = token_nll(row, vocab_, targets[i][r]);
+          self.top1_agree = true;
+          base.window[i].add(self);
+        }
       }
       for (auto& l : lanes) {
         if (!l.error.empty()) continue;
-        st = forward(l, tok.data() + off, len, spec_logits.data());
+        st = forward(l, w0, count, off, spec_logits.data());
         if (!st.is_ok()) {
           l.error = st.message();
           continue;
         }
-        if (scored <= 0) continue;
-        compare_chunk(base_logits.data(), stats, spec_logits.data(), vocab_, targets.data(), scored, threads_, rows);
-        for (const auto& r : rows) l.window.add(r);
+        for (int i = 0; i < count; ++i) {
+          if (scored[i] <= 0) continue;
+          const size_t o = static_cast<size_t>(i) * slot_floats;
+          compare_chunk(base_logits.data() + o, stats[i], spec_logits.data() + o, vocab_, targets[i].data(),
+                        scored[i], threads_, rows);
+          for (const auto& r : rows) l.window[i].add(r);
+        }
       }
       if (progress_) {
         prog.elapsed_s = seconds_since(start_);
@@ -171,14 +224,16 @@ Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& s
         progress_(prog);
       }
     }
-    base.window_nll.push_back(base.window.spec_mean_nll());
-    base.total.merge(base.window);
-    for (auto& l : lanes) {
-      if (!l.error.empty()) continue;
-      l.window_nll.push_back(l.window.spec_mean_nll());
-      l.total.merge(l.window);
+    for (int i = 0; i < count; ++i) {
+      base.window_nll.push_back(base.window[i].spec_mean_nll());
+      base.total.merge(base.window[i]);
+      for (auto& l : lanes) {
+        if (!l.error.empty()) continue;
+        l.window_nll.push_back(l.window[i].spec_mean_nll());
+        l.total.merge(l.window[i]);
+      }
     }
-    prog.window = static_cast<int>(wi + 1);
+    prog.window = static_cast<int>(w0) + count;
     if (progress_) {
       prog.elapsed_s = seconds_since(start_);
       prog.pass_elapsed_s = seconds_since(pass_start);

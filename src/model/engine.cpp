@@ -420,6 +420,19 @@ Status Engine::Impl::step(const std::vector<SeqStep>& steps, const std::vector<P
     }
   }
   if (lrows == 0) return Status::ok();
+  if (!keep_logits && be->kind() == backend::BackendKind::kCpu) {
+    // Host memory is the cpu backend's memory: the classifier writes straight into the caller's
+    // array (a [128][vocab] chunk is 25 MB for SmolLM2; the copy would cost ~1% of the eval).
+    const Buffer& cls = classifier.get() != nullptr ? classifier : tok_embedding;
+    for (const Out& o : outs) {
+      const SeqStep& s = steps[o.p->step];
+      float* dst = s.mode == LogitsMode::kAll ? s.logits + size_t(o.p->offset) * vocab : s.logits;
+      float* xr = f(x) + size_t(o.src_row) * dim;
+      KVQ_RETURN_IF_ERROR(be->run(backend::RmsNormArgs{xr, f(final_norm), f(xl), o.n, cfg.dim, cfg.norm_eps}));
+      KVQ_RETURN_IF_ERROR(be->run(backend::GemmArgs{f(xl), o.n, mat(cls, cfg.vocab_size, cfg.dim, wdtype), dst, 0.f}));
+    }
+    return Status::ok();
+  }
   for (const Out& o : outs)
     KVQ_RETURN_IF_ERROR(be->copy(f(xl) + size_t(o.lrow) * dim, f(x) + size_t(o.src_row) * dim, size_t(o.n) * dim * 4));
   KVQ_RETURN_IF_ERROR(run_logits(lrows));

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -48,6 +49,9 @@ struct WriteCase {
            std::to_string(block_size) + "_S" + std::to_string(sink) + (fp32_input ? "_fp32in" : "_bf16in");
   }
 };
+
+// What gtest prints for GetParam() and what ctest lists: the case, not its raw bytes.
+void PrintTo(const WriteCase& c, std::ostream* os) { *os << c.name() << " seed " << c.seed; }
 
 void run_case(const WriteCase& c) {
   auto dev = cuda_device_info();

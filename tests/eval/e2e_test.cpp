@@ -68,14 +68,40 @@ TEST_F(StoriesEval, BaselineMatchesReferenceNll) {
   ASSERT_EQ(rep.value().num_windows, 8);
   ASSERT_EQ(b.window_nll.size(), 8u);
   EXPECT_EQ(b.predictions, 8 * 511);
-  // Reference values: window 0 mean NLL 1.31121, windows 0-7 1.38709 (README).
-  EXPECT_NEAR(b.window_nll[0], 1.31121, 1e-3);
+  // Reference values: window 0 mean NLL 1.31121, windows 0-7 1.38709 (README). The bf16 cache
+  // alone moves window 0 by about +9e-4; with 96-token chunks the fp32 K/V of later chunks differ in
+  // the last bits (other sgemm blocking), which flips a few bf16 roundings and moves it to +1.1e-3
+  // (measured on this reference setup, identical before and after the backend seam).
+  EXPECT_NEAR(b.window_nll[0], 1.31121, 1.5e-3);
   EXPECT_NEAR(b.nll, 1.38709, 1e-3);
   // bf16 requested explicitly is the baseline row, compared with itself.
   ASSERT_EQ(rep.value().results.size(), 1u);
   EXPECT_TRUE(rep.value().results[0].is_baseline);
   EXPECT_EQ(rep.value().results[0].top1, 1.0);
   EXPECT_EQ(rep.value().results[0].kl_mean, 0.0);
+}
+
+// Windows forwarded together in one engine step (the GPU default) give the same numbers as one at a
+// time: a sequence's result does not depend on which others share its step.
+TEST_F(StoriesEval, WindowsInFlightDoNotChangeResults) {
+  EvalOptions o = ref_options();
+  o.max_windows = 5;
+  std::vector<SpecRequest> reqs = {request("int8", Format::kInt8), request("fp8", Format::kFp8E4m3)};
+  o.windows_in_flight = 1;
+  auto one = run_eval(*model_, *ids_, reqs, o);
+  o.windows_in_flight = 3;  // groups of 3 and 2
+  auto three = run_eval(*model_, *ids_, reqs, o);
+  ASSERT_TRUE(one.is_ok() && three.is_ok());
+  ASSERT_EQ(one.value().results.size(), three.value().results.size());
+  for (size_t k = 0; k < one.value().results.size(); ++k) {
+    const SpecResult& a = one.value().results[k];
+    const SpecResult& b = three.value().results[k];
+    ASSERT_EQ(a.window_nll.size(), 5u);
+    ASSERT_EQ(b.window_nll.size(), 5u);
+    for (size_t w = 0; w < 5; ++w) EXPECT_NEAR(a.window_nll[w], b.window_nll[w], 1e-9) << a.label << " window " << w;
+    EXPECT_NEAR(a.kl_mean, b.kl_mean, 1e-9) << a.label;
+    EXPECT_EQ(a.predictions, b.predictions);
+  }
 }
 
 TEST_F(StoriesEval, QuantizedSpecsAgainstDirectLogits) {

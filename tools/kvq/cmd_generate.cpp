@@ -4,6 +4,9 @@
 #include <cstdio>
 #include <string>
 
+#include "kvq/backend/backend.h"
+#include "kvq/cache_options.h"
+#include "kvq/cli_support.h"
 #include "kvq/command.h"
 #include "kvq/format/auto_format.h"
 #include "kvq/model/model.h"
@@ -17,7 +20,7 @@ struct GenerateOptions {
   std::string prompt;
   bool chat = false;
   bool no_bos = false;
-  QuantOptions quant;
+  CacheCliOptions cache;  // add_cache_options sets generate's defaults
   float temperature = 0.f;
   float top_p = 1.f;
   uint64_t seed = 0;
@@ -34,12 +37,18 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "kvq generate: %s\n", s.to_string().c_str());
     return 1;
   };
-  model::set_compute_threads(o.threads);
-  HardwareInfo hw;
-  hw.cpu = detect_cpu();
-  // The engine runs on the CPU, so `auto` is what this machine's CPU path prefers.
-  auto spec = parse_quant_spec(o.quant, choose_auto_format(hw).format);
+  // Everything the flags decide is checked before the model loads.
+  Status sampling = check_sampling(o.temperature, o.top_p, o.max_new);
+  if (!sampling.is_ok()) return fail(sampling);
+  auto kind = backend::resolve_backend(o.cache.backend);
+  if (!kind.is_ok()) return fail(kind.status());
+  // `auto` is what the backend the model runs on prefers (fp8 on sm_89+ GPUs, int8 on CPUs).
+  auto spec = to_quant_spec(o.cache, backend::auto_cache_format(kind.value()));
   if (!spec.is_ok()) return fail(spec.status());
+  backend::BackendOptions bo;
+  bo.cpu_threads = o.threads;
+  auto be = backend::create_backend(kind.value(), bo);
+  if (!be.is_ok()) return fail(be.status());
   auto path = model::resolve_model_path(o.model);
   if (!path.is_ok()) return fail(path.status());
 
@@ -60,9 +69,10 @@ int run_generate(const GenerateOptions& o) {
 
   int max_tokens = o.max_tokens > 0 ? o.max_tokens : static_cast<int>(prompt.size()) + o.max_new;
   max_tokens = std::min(max_tokens, c.max_seq_len);
-  auto runner = model::Runner::create(mod, spec.value(), max_tokens);
+  auto runner = model::Runner::create(mod, spec.value(), max_tokens, be.value().get());
   if (!runner.is_ok()) return fail(runner.status());
-  std::fprintf(stderr, "kv cache %s, prompt %zu tokens\n", spec.value().to_string().c_str(), prompt.size());
+  std::fprintf(stderr, "engine %s; kv cache %s, prompt %zu tokens\n", be.value()->describe().c_str(),
+               spec.value().to_string().c_str(), prompt.size());
 
   model::SamplingOptions so;
   so.temperature = o.temperature;
@@ -72,13 +82,18 @@ int run_generate(const GenerateOptions& o) {
   // Stream by decoding the whole continuation each step and printing what is new, so multi-byte
   // characters split across tokens and the dummy-prefix space come out right.
   std::vector<int32_t> out;
-  std::string shown;
+  // Decoded after the prompt's ids, so a continuation's leading space (which a tokenizer drops at
+  // the start of a text) survives.
+  std::vector<int32_t> all = prompt;
+  const std::string prompt_text = tok.decode(prompt);
+  std::string shown = prompt_text;
   auto t_first = Clock::now();
   double prefill_s = -1;
   auto on_token = [&](int32_t id) {
     if (prefill_s < 0) prefill_s = seconds_since(t_first);
     out.push_back(id);
-    std::string now = tok.decode(out);
+    all.push_back(id);
+    std::string now = tok.decode(all);
     if (now.size() > shown.size() && now.compare(0, shown.size(), shown) == 0) {
       std::fwrite(now.data() + shown.size(), 1, now.size() - shown.size(), stdout);
       std::fflush(stdout);
@@ -99,33 +114,30 @@ int run_generate(const GenerateOptions& o) {
   std::fprintf(stderr, "prefill %zu tokens in %.3f s (%.1f tok/s); decode %zu tokens in %.3f s (%.1f tok/s)\n",
                prompt.size(), prefill_s, prompt.size() / std::max(prefill_s, 1e-9), n > 0 ? n - 1 : 0, decode_s,
                (n > 1 ? n - 1 : 0) / std::max(decode_s, 1e-9));
-  auto mem = runner.value()->cache().memory_report();
+  const auto& book = runner.value()->cache();
+  const auto mem = book.memory_report();
+  const auto& g = book.geometry();
+  const double mib = 1048576.0;
   std::fprintf(stderr, "kv cache: %d pages + %d sink pages in use; planes %.2f MiB codes, %.2f MiB scales, %.2f MiB sink\n",
-               mem.pages_used, mem.sink_pages_used, mem.code_bytes / 1048576.0, mem.scale_bytes / 1048576.0,
-               mem.sink_bytes / 1048576.0);
+               mem.pages_used, mem.sink_pages_used, 2.0 * g.num_layers * g.code_plane_bytes() / mib,
+               2.0 * g.num_layers * g.scale_plane_bytes() / mib, 2.0 * g.num_layers * g.sink_plane_bytes() / mib);
   return 0;
 }
 
 const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()> {
   auto o = std::make_shared<GenerateOptions>();
-  CLI::App* sub = app.add_subcommand("generate", "Generate text with a model on the CPU engine over the quantized cache");
+  CLI::App* sub = app.add_subcommand("generate", "Generate text with a model over the quantized cache (CPU or CUDA engine)");
   sub->add_option("--model,-m", o->model, "Model file (GGUF or llama2.c), or an alias: smollm2, stories260K")
       ->capture_default_str();
   sub->add_option("--tokenizer", o->tokenizer, "llama2.c tokenizer file (default: tok<vocab>.bin beside the model)");
   sub->add_option("--prompt,-p", o->prompt, "Prompt text (empty: start from BOS)");
   sub->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template (SmolLM2-Instruct)");
   sub->add_flag("--no-bos", o->no_bos, "Do not prepend BOS even when the model expects it");
-  sub->add_option("--kv-cache-dtype", o->quant.kv_cache_dtype, "auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8")
-      ->capture_default_str();
-  sub->add_option("--kv-scale-granularity", o->quant.granularity, "per_token_head|per_block_head|per_tensor")
-      ->capture_default_str();
-  sub->add_option("--kv-sink-tokens", o->quant.sink_tokens, "First N tokens kept in bf16 (0 disables)")
-      ->capture_default_str();
-  sub->add_option("--kv-block-size", o->quant.block_size, "Tokens per cache page (16 or 32)")->capture_default_str();
+  add_cache_options(sub, o->cache, CacheCommand::kGenerate);
   sub->add_option("--temperature,-t", o->temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
   sub->add_option("--top-p", o->top_p, "Nucleus sampling mass")->capture_default_str();
   sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
-  sub->add_option("-n,--max-new-tokens", o->max_new, "Tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("-n,--max-new-tokens", o->max_new, "Tokens to generate (>= 1)")->capture_default_str();
   sub->add_option("--max-tokens", o->max_tokens, "Cache capacity in tokens (default: prompt + n)");
   sub->add_option("--threads", o->threads, "BLAS threads for the matrix products (default: the BLAS default)");
   return [o] { return run_generate(*o); };

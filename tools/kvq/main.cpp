@@ -1,6 +1,9 @@
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
+#include "kvq/cli_support.h"
 #include "kvq/command.h"
 
 namespace kvq::tools {
@@ -11,16 +14,32 @@ std::vector<Command>& command_registry() {
 }  // namespace kvq::tools
 
 int main(int argc, char** argv) {
-  CLI::App app{"kvq: quantized paged KV cache for LLM inference"};
+  using namespace kvq::tools;
+  CLI::App app{"kvq: quantized paged KV cache for LLM inference", "kvq"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_text(), "Print version, git commit, build type and CUDA arch, then exit");
   std::vector<std::pair<CLI::App*, std::function<int()>>> runs;
-  for (auto& cmd : kvq::tools::command_registry()) {
+  for (auto& cmd : command_registry()) {
     size_t before = app.get_subcommands({}).size();
     auto run = cmd.setup(app);
     auto subs = app.get_subcommands({});
     if (subs.size() > before) runs.emplace_back(subs.back(), std::move(run));
   }
-  CLI11_PARSE(app, argc, argv);
+  refuse_empty_numbers(app);  // "--ctx ''" must not become 0
+
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  const std::string words = check_command_words(app, args);
+  if (!words.empty()) {
+    std::fprintf(stderr, "%s\n", words.c_str());
+    return 2;
+  }
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fprintf(stderr, "%s\n", parse_error_line(app, e).c_str());
+    return e.get_exit_code();
+  }
   try {
     for (auto& [sub, run] : runs)
       if (sub->parsed()) return run();

@@ -7,6 +7,11 @@
 //   Status can_implement(const XArgs&) const   shape / dtype checks, no side effects
 //   size_t workspace_size(const XArgs&) const  scratch the backend will use for it (informational:
 //                                              the backend owns and grows its workspace)
+//   Status plan(const XArgs&)                  host-side preparation for args of this shape (kernel
+//                                              choice, split counts, workspace growth); after it,
+//                                              run() on same-shaped args neither allocates nor
+//                                              synchronises, so it can be captured in a graph.
+//                                              run() plans by itself when nothing was planned.
 //   Status run(const XArgs&)                   enqueue the operation (CUDA: asynchronous on the
 //                                              backend's stream; CPU: synchronous); run() calls
 //                                              can_implement first and changes nothing on refusal.
@@ -39,6 +44,10 @@ const char* backend_name(BackendKind k);  // "cpu" | "cuda"
 Result<BackendKind> resolve_backend(std::string_view name);
 // Kinds this build and machine can run (cpu always first).
 std::vector<BackendKind> available_backends();
+
+// What `--kv-cache-dtype auto` resolves to when the model runs on `kind` (format/auto_format.h's
+// rule applied to that backend's hardware: the CPU's features, or the GPU's compute capability).
+Format auto_cache_format(BackendKind kind);
 
 // Element types of backend tensors.
 enum class DType : uint8_t { kF32, kBf16, kI32 };
@@ -210,6 +219,7 @@ class Backend {
 #define KVQ_BACKEND_OP(Args)                                 \
   virtual Status can_implement(const Args& a) const = 0;    \
   virtual size_t workspace_size(const Args& a) const = 0;   \
+  virtual Status plan(const Args& a) { return can_implement(a); } \
   virtual Status run(const Args& a) = 0;
   KVQ_BACKEND_OP(GemmArgs)
   KVQ_BACKEND_OP(RmsNormArgs)

@@ -27,7 +27,8 @@ struct EvalOptions {
   double gate_pct = 3.0;     // dPPL above this fails a spec (and moves auto down its chain)
   int bos = -1;              // -1: as the model asks (ModelConfig::add_bos), 0: never, 1: always
   int threads = 0;           // threads comparing logits rows; 0 = hardware concurrency (max 8)
-  backend::Backend* backend = nullptr;  // where the model runs; null = a CPU backend per runner
+  backend::Backend* backend = nullptr;  // where the model runs; null = a CPU backend
+  int windows_in_flight = 1;  // windows forwarded together per engine step (GPU: many; CPU: 1 is fastest)
   model::RunnerOptions runner;          // weights dtype, CUDA graphs
 };
 

@@ -366,6 +366,35 @@ class CudaBackend final : public Backend {
                        a.softmax_scale, -1);
   }
 
+  // plan(): everything run() would prepare on the host (plans, workspace growth), so that a later
+  // run() of the same shape neither allocates nor synchronises.
+  Status plan(const DecodeArgs& args) override {
+    const DecodeArgs a = without_empty_sink(args);
+    KVQ_RETURN_IF_ERROR(can_implement(a));
+    if (a.tables.num_seqs == 0 || !fast_shape(a.geom)) return Status::ok();
+    auto p = fast_decode_plan(a);
+    return p.is_ok() ? Status::ok() : p.status();
+  }
+  Status plan(const PrefillArgs& a) override {
+    KVQ_RETURN_IF_ERROR(can_implement(a));
+    if (a.n_q == 0 || !fast_shape(a.geom)) return Status::ok();
+    KVQ_RETURN_IF_ERROR(grow(prefill_ws_, prefill_carve(a).total));
+    DecodeArgs d;  // the virtual-sequence decode run() will launch (only the shape matters here)
+    d.geom = a.geom;
+    d.layer = a.layer;
+    d.tables = a.tables;
+    d.tables.num_seqs = a.n_q;
+    d.q = a.q, d.out = a.out, d.num_q_heads = a.num_q_heads, d.softmax_scale = a.softmax_scale;
+    d = without_empty_sink(d);
+    auto p = fast_decode_plan(d);
+    return p.is_ok() ? Status::ok() : p.status();
+  }
+  Status plan(const GemmArgs& a) override {
+    KVQ_RETURN_IF_ERROR(can_implement(a));
+    return grow(xbf_, workspace_size(a));
+  }
+  using Backend::plan;
+
   Status can_implement(const PrefillArgs& a) const override {
     if (fast_shape(a.geom)) {
       if (a.geom.format == Format::kInt4) return unsupported("cuda prefill: int4 caches are not supported; use int8 or fp8");
@@ -539,17 +568,23 @@ class CudaBackend final : public Backend {
     return l;
   }
 
-  Status run_fast_decode(const DecodeArgs& a) {
+  // The decode plan for this shape (made once, host only) with the workspace grown for it.
+  Result<const kc::DecodePlan*> fast_decode_plan(const DecodeArgs& a) {
     const PlanKey key = plan_key(a);
     auto it = plans_.find(key);
     if (it == plans_.end()) {
-      if (capturing_) return internal_error("cuda decode: a new decode shape inside a graph capture (run it eagerly first)");
+      if (capturing_) return internal_error("cuda decode: a new decode shape inside a graph capture (plan or run it first)");
       auto p = kc::plan(a, info_);
       if (!p.is_ok()) return p.status();
       it = plans_.emplace(key, p.value()).first;
     }
     KVQ_RETURN_IF_ERROR(grow(decode_ws_, std::max<size_t>(kc::workspace_size(a, it->second), 256)));
-    return kc::run(a, it->second, decode_ws_.get(), stream_);
+    return &it->second;
+  }
+  Status run_fast_decode(const DecodeArgs& a) {
+    auto p = fast_decode_plan(a);
+    if (!p.is_ok()) return p.status();
+    return kc::run(a, *p.value(), decode_ws_.get(), stream_);
   }
 
   Status run_generic(const cache::CacheGeometry& g, const cache::LayerView& layer, const cache::BatchTablesView& t,
