@@ -20,6 +20,7 @@ if [[ $mode == pack ]]; then
   build="${2:?usage: device_engine.sh pack BUILD_DIR}"
   rm -rf .device && mkdir -p .device/bin .device/lib
   for b in kvq tests/test_backend tests/test_attention_cuda bench/kvq_engine_bench; do
+    [[ -n ${PACK_ONLY:-} && " $PACK_ONLY " != *" $(basename "$b") "* ]] && continue
     [[ -x $build/$b ]] && cp "$build/$b" .device/bin/ && strip -s ".device/bin/$(basename "$b")"
   done
   ldd .device/bin/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
