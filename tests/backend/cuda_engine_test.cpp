@@ -163,7 +163,7 @@ TEST(CudaBackendSample, MatchesSampleWithUniform) {
     std::vector<float> logits(size_t(rows) * vocab);
     std::normal_distribution<float> nd(0.f, 3.f);
     for (auto& x : logits) x = nd(rng);
-    for (int i = 0; i < vocab; i += 7) logits[i] = logits[i + 1];  // ties
+    for (int i = 0; i + 1 < vocab; i += 7) logits[i] = logits[i + 1];  // ties (in row 0, greedy)
     std::vector<float> temps(rows), top_ps(rows);
     std::vector<double> us(rows);
     std::uniform_real_distribution<double> ud(0.0, 1.0);
