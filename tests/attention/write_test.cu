@@ -142,10 +142,10 @@ void run_case(const WriteCase& c) {
         const int pos = pos0 + t;
         const int cap = host.sink_capacity(s);
         if (pos < cap) {
-          slots.push_back(kc::sink_slot(host.sink_table(s)[pos / bs], pos % bs, bs));
+          slots.push_back(kvq::cache::encode_sink_slot(host.sink_table(s)[pos / bs], pos % bs, bs));
         } else {
           const int u = pos - cap;
-          slots.push_back(kc::main_slot(host.block_table(s)[u / bs], u % bs, bs));
+          slots.push_back(kvq::cache::encode_main_slot(host.block_table(s)[u / bs], u % bs, bs));
         }
       }
       k.insert(k.end(), kk.begin(), kk.end());

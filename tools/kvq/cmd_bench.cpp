@@ -31,7 +31,7 @@ struct BenchCliOptions {
   // decode
   CacheCliOptions decode_cache;  // add_cache_options sets each subcommand's defaults
   std::string shapes;  // "B,Hq,Hkv,D,L;..." (default: the nine shapes)
-  int splits = 0, variant = 0;
+  int splits = 0;
   // write
   CacheCliOptions write_cache;
   int tokens = 16384, heads = 8, head_dim = 128;
@@ -134,7 +134,6 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
     d.block_size = grid.block_size;
     d.sink_tokens = grid.sink_tokens;
     d.force_splits = o.splits;
-    d.variant = o.variant;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value());
     if (!rows.is_ok()) return fail("decode", rows.status());
@@ -155,7 +154,6 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
                      {"sink_tokens", r.sink_tokens},
                      {"splits", r.splits},
                      {"ctas_per_sm", r.ctas_per_sm},
-                     {"variant", r.variant},
                      {"us_median", r.us_median},
                      {"us_min", r.us_min},
                      {"us_max", r.us_max},
@@ -242,8 +240,6 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   add_cache_options(dec, opt->decode_cache, CacheCommand::kBenchDecode);
   dec->add_option("--shapes", opt->shapes, "Semicolon-separated B,Hq,Hkv,D,L (default: the nine standard shapes)");
   dec->add_option("--splits", opt->splits, "Force this many KV splits (0: planned)")->capture_default_str();
-  dec->add_option("--variant", opt->variant, "Kernel variant (0 default; 1: no register cap for 8-bit D<=128)")
-      ->capture_default_str();
   dec->callback([which] { *which = 1; });
   CLI::App* wr = sub->add_subcommand("write", "Quantize + scatter of new K/V rows into pages");
   add_common(wr, *opt);
