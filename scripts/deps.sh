@@ -2,7 +2,7 @@
 # Installs what kvq builds and tests with, from Debian's archive and PyPI, only when missing.
 set -euo pipefail
 pkgs=(cmake g++ ninja-build libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-      libopenblas-dev python3 python3-pip)
+      libopenblas-dev libcpp-httplib-dev pkg-config python3 python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

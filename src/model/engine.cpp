@@ -107,7 +107,9 @@ Status Engine::Impl::init(const Model& m, const QuantSpec& s, backend::Backend& 
   const int sink_pages_per_seq = (sink + bs - 1) / bs;
   const int pages_per_seq = std::max(1, (opts.max_tokens - sink + bs - 1) / bs);
   const int64_t want_pages = opts.num_pages > 0 ? opts.num_pages : int64_t{pages_per_seq} * opts.max_seqs;
-  const int64_t sink_pool = int64_t{sink_pages_per_seq} * opts.max_seqs;
+  const int64_t sink_pool = opts.num_sink_pages > 0 && sink_pages_per_seq > 0
+                                ? std::max<int64_t>(opts.num_sink_pages, sink_pages_per_seq)
+                                : int64_t{sink_pages_per_seq} * opts.max_seqs;
   if (want_pages > (1 << 30) || sink_pool > (1 << 30)) return invalid_argument("engine: too many pages requested");
   cache::CacheConfig cc;
   cc.num_layers = cfg.n_layers;
