@@ -33,6 +33,7 @@ struct Harness {
     model::EngineOptions eo;
     eo.max_seqs = max_seqs;
     eo.num_pages = num_pages;
+    eo.batch_invariant = true;  // bit-identical to the same prompt run alone
     eo.num_sink_pages = num_sink_pages;
     auto e = model::Engine::create(stories(), s, *be, eo);
     EXPECT_TRUE(e.is_ok()) << e.status().to_string();

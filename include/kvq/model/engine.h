@@ -30,6 +30,11 @@ struct EngineOptions {
   int max_step_tokens = 0;  // rows per step over all sequences; 0 = chunk_tokens * min(max_seqs, 8)
   WeightsDType weights = WeightsDType::kAuto;
   bool cuda_graphs = true;  // capture pure decode steps where the backend supports graphs
+  // Every matrix product runs per sequence piece instead of once over the step's rows, so a
+  // sequence's numbers are bit-identical to running it alone whatever shares its step (BLAS and
+  // cuBLAS round a row differently depending on the row count). Costs the weight reuse of
+  // batched decode; for verification and reproducible serving (`kvq serve --batch-invariant`).
+  bool batch_invariant = false;
 };
 
 enum class LogitsMode : uint8_t { kNone, kLast, kAll };
