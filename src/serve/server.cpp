@@ -2,6 +2,7 @@
 #include "kvq/serve/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
@@ -86,6 +87,7 @@ struct Server::Impl {
   std::atomic<uint64_t> next_id{1};
   std::atomic<uint64_t> http_errors_4xx{0}, http_errors_5xx{0};
   std::mutex stop_mu;
+  std::atomic<int> listen_fd{-1};  // the listening socket, to widen its accept backlog
   bool started = false, stopped = false;
   int port = 0;
 
@@ -238,6 +240,12 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
 
 void Server::Impl::install_routes() {
   http.new_task_queue = [n = opts.http_threads] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  // cpp-httplib 0.11 listens with a backlog of 5: a burst of clients overflows it and some see
+  // their connection reset. Keep the socket to listen() on it again with a deeper backlog.
+  http.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    listen_fd.store(static_cast<int>(sock));
+  });
   http.set_payload_max_length(opts.max_body_bytes);
   http.set_error_handler([this](const httplib::Request&, httplib::Response& res) {
     (res.status >= 500 ? http_errors_5xx : http_errors_4xx).fetch_add(1);
@@ -361,6 +369,7 @@ Status Server::start() {
   if (im.port < 0)
     return invalid_argument("cannot listen on " + im.opts.host + ":" + std::to_string(im.opts.port) +
                             " (in use or not an address of this machine); choose another --host/--port");
+  if (const int fd = im.listen_fd.load(); fd >= 0) (void)::listen(fd, 1024);  // Linux: updates the backlog
   im.started = true;
   im.engine_thread = std::thread([&im] { im.sched->run(); });
   im.http_thread = std::thread([&im] { im.http.listen_after_bind(); });

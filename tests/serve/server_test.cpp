@@ -125,12 +125,14 @@ TEST(Server, ConcurrentStreamingClientsUnderPreemptionMatchAlone) {
     std::vector<std::thread> threads;
     for (int i = 0; i < kClients; ++i)
       threads.emplace_back([&, i] {
+        const auto t0 = std::chrono::steady_clock::now();
         httplib::Client c = st.client();
         json body = {{"model", "stories260K"}, {"prompt", prompts[size_t(i)]}, {"max_tokens", kNew},
                      {"temperature", 0}, {"stream", true}, {"stream_options", {{"include_usage", true}}}};
         auto r = c.Post("/v1/completions", body.dump(), "application/json");
         if (!r) {
-          got[size_t(i)].text = "no response: " + httplib::to_string(r.error());
+          got[size_t(i)].text = "no response: " + httplib::to_string(r.error()) + " after " +
+                                std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()) + " s";
           return;
         }
         status[size_t(i)] = r->status;
@@ -139,7 +141,8 @@ TEST(Server, ConcurrentStreamingClientsUnderPreemptionMatchAlone) {
       });
     for (auto& t : threads) t.join();
     for (int i = 0; i < kClients; ++i) {
-      ASSERT_EQ(status[size_t(i)], 200) << "client " << i << ": " << got[size_t(i)].text;
+      ASSERT_EQ(status[size_t(i)], 200) << "client " << i << " round " << round << ": " << got[size_t(i)].text
+                                        << " (server saw " << st.sched->counters().cancelled << " cancellations)";
       EXPECT_TRUE(got[size_t(i)].done) << "client " << i;
       EXPECT_EQ(got[size_t(i)].error, "") << "client " << i;
       EXPECT_FALSE(got[size_t(i)].finish_reason.empty());
