@@ -37,7 +37,7 @@ std::string gb(double bytes) {
 
 }  // namespace
 
-KvGeometry geometry_27b_class() { return KvGeometry{"27B-class (46 layers, 16 KV heads x 128, 32 query heads)", 46, 16, 128, 32}; }
+KvGeometry geometry_27b_class() { return KvGeometry{"27B-class model", 46, 16, 128, 32}; }
 
 Result<SequenceKv> sequence_kv(const QuantSpec& spec, const KvGeometry& g, int64_t tokens) {
   KVQ_RETURN_IF_ERROR(check(spec, g));

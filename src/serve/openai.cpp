@@ -160,6 +160,7 @@ bool parse_completion_request(const std::string& body, bool chat, CompletionRequ
     if (!field(j, "stream").is_boolean()) return fail(err, "'stream' must be a boolean", "stream");
     out->stream = field(j, "stream").get<bool>();
   }
+  if (field(j, "ignore_eos").is_boolean()) out->params.stop_at_eos = !field(j, "ignore_eos").get<bool>();  // vLLM's
   if (j.contains("stream_options") && field(j, "stream_options").is_object()) {
     const json& so = field(j, "stream_options");
     if (field(so, "include_usage").is_boolean()) out->include_usage = field(so, "include_usage").get<bool>();
