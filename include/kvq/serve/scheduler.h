@@ -1,5 +1,5 @@
 #pragma once
-// Continuous batching over one model::Engine (docs/ARCHITECTURE.md, "Serving").
+// Continuous batching over one model::Engine (README, "Serving").
 //
 // Requests are submitted from any thread; one engine thread calls step() (or run()). Each step:
 //   1. takes new requests and cancellations;
