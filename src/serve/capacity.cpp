@@ -29,9 +29,9 @@ Status check(const QuantSpec& spec, const KvGeometry& g) {
   return Status::ok();
 }
 
-std::string gb(double bytes) {
+std::string gb(double bytes, double unit = 1e9) {
   char b[32];
-  std::snprintf(b, sizeof b, "%.3f", bytes / 1e9);
+  std::snprintf(b, sizeof b, "%.3f", bytes / unit);
   return b;
 }
 
@@ -81,21 +81,24 @@ Result<std::vector<CapacityRow>> capacity_table(const std::vector<QuantSpec>& sp
 
 std::string capacity_markdown(const std::vector<CapacityRow>& rows, const KvGeometry& g, int64_t tokens,
                               size_t budget_bytes) {
+  const double unit = !rows.empty() && rows[0].seq.total() < 1e8 ? 1e6 : 1e9;  // MB for small models
+  const std::string u = unit == 1e6 ? "MB" : "GB";
+  auto fmt = [unit](double bytes) { return gb(bytes, unit); };
   std::string o = "KV cache of one " + std::to_string(tokens) + "-token sequence, " + g.name + " (" +
                   std::to_string(g.num_layers) + " layers, " + std::to_string(g.num_kv_heads) + " KV heads x " +
                   std::to_string(g.head_dim) + "), from cache::bytes_per_page: main pages (codes + scales) plus the "
                   "bf16 sink.\n\n";
-  o += "| spec | main GB | sink GB | total GB | bytes/token | saved vs " + (rows.empty() ? std::string("-") : rows[0].spec.to_string()) +
-       " (GB) | ratio |";
-  if (budget_bytes > 0) o += " seqs in " + gb(static_cast<double>(budget_bytes)) + " GB | vs baseline |";
+  o += "| spec | main " + u + " | sink " + u + " | total " + u + " | bytes/token | saved vs " +
+       (rows.empty() ? std::string("-") : rows[0].spec.to_string()) + " (" + u + ") | ratio |";
+  if (budget_bytes > 0) o += " seqs in " + fmt(static_cast<double>(budget_bytes)) + " " + u + " | vs baseline |";
   o += "\n|---|---:|---:|---:|---:|---:|---:|";
   if (budget_bytes > 0) o += "---:|---:|";
   o += "\n";
   for (const CapacityRow& r : rows) {
     char line[512];
     std::snprintf(line, sizeof line, "| %s | %s | %s | %s | %.1f | %s | %.3f |", r.spec.to_string().c_str(),
-                  gb(static_cast<double>(r.seq.main_bytes)).c_str(), gb(static_cast<double>(r.seq.sink_bytes)).c_str(),
-                  gb(static_cast<double>(r.seq.total())).c_str(), r.bytes_per_token, gb(r.saved_vs_baseline).c_str(),
+                  fmt(static_cast<double>(r.seq.main_bytes)).c_str(), fmt(static_cast<double>(r.seq.sink_bytes)).c_str(),
+                  fmt(static_cast<double>(r.seq.total())).c_str(), r.bytes_per_token, fmt(r.saved_vs_baseline).c_str(),
                   r.ratio_vs_baseline);
     o += line;
     if (budget_bytes > 0) {
