@@ -153,6 +153,7 @@ bool parse_completion_request(const std::string& body, bool chat, CompletionRequ
   out->params.top_p = static_cast<float>(tp);
   if (j.contains("seed") && !field(j, "seed").is_null()) {
     if (!field(j, "seed").is_number_integer()) return fail(err, "'seed' must be an integer", "seed");
+    out->seed_given = true;
     out->params.seed = field(j, "seed").is_number_unsigned() ? field(j, "seed").get<uint64_t>()
                                                        : static_cast<uint64_t>(field(j, "seed").get<int64_t>());
   }

@@ -141,6 +141,9 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     return send_error(res, api_error(400, v.message(), too_long ? "context_length_exceeded" : "",
                                      too_long ? "max_tokens" : ""));
   }
+  if (!cr.seed_given)  // a fresh stream per request, as OpenAI-compatible servers do without a seed
+    cr.params.seed = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull +
+                     next_id.load();
   auto ch = std::make_shared<Channel>();
   auto rid = sched->submit(ids, cr.params, [ch](const Event& e) { ch->push(e); });
   if (!rid.is_ok()) return send_error(res, api_error(503, rid.status().message()));

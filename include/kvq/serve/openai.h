@@ -35,6 +35,7 @@ struct CompletionRequest {
   std::vector<ChatMessage> messages;  // chat
   SamplingParams params;
   bool max_tokens_given = false;
+  bool seed_given = false;            // without one the server draws a fresh seed per request
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage
   std::vector<std::string> stop;      // stop strings (text is cut before the first match)
