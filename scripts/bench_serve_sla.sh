@@ -49,4 +49,5 @@ for spec in $SPECS; do
 done
 "$KVQ" capacity --model "$MODEL" --tokens "${TIERS##*,}" --kv-cache-memory "$KV_GIB" \
   --specs "$(echo "$SPECS" | tr ' ' ',')" --kv-scale-granularity "$GRAN" --md "$OUT/capacity.md" > /dev/null
+python3 scripts/plot_serve_cdf.py "$OUT/latency_cdf.png" "${results[@]}" || true  # needs matplotlib
 "$KVQ" bench serve --compare "${results[@]}" --out-dir "$OUT"
