@@ -76,6 +76,7 @@ struct SchedulerCounters {
   int running = 0, waiting = 0;
   int pages_total = 0, pages_free = 0, sink_pages_total = 0, sink_pages_free = 0;
   int max_running = 0;  // most requests running at once so far
+  int peak_pages_used = 0, peak_sink_pages_used = 0;  // most pages held at the end of a step so far
 };
 
 class Scheduler {
