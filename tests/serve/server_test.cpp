@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -152,6 +153,7 @@ TEST(Server, ConcurrentStreamingClientsUnderPreemptionMatchAlone) {
     if (round == 0) rss_first = resident_mib();
   }
   const double rss_last = resident_mib();
+  std::printf("resident memory after rounds 1 and 2: %.1f and %.1f MiB\n", rss_first, rss_last);
   EXPECT_LT(rss_last - rss_first, 32.0) << "resident memory grew from " << rss_first << " to " << rss_last << " MiB";
   httplib::Client c = st.client();
   auto m = c.Get("/metrics");
