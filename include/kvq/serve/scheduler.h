@@ -19,8 +19,9 @@
 //      and seeded draw), and reports tokens and completions through each request's callback.
 //
 // Recompute replays a preempted request's history exactly as it first ran (the prompt in the same
-// chunks, the generated tokens one per step), so with the default `exact_recompute` its output is
-// the same as without preemption. `exact_recompute = false` prefills prompt and generated tokens
+// chunks, the generated tokens one per step), so with the default `exact_recompute` it computes
+// the same pieces as without preemption (bit-identical results when the engine runs with
+// EngineOptions::batch_invariant: BLAS rounds a row differently with the number of rows per call). `exact_recompute = false` prefills prompt and generated tokens
 // together (faster after long generations; results may differ by rounding).
 #include <atomic>
 #include <chrono>
