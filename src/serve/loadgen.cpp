@@ -249,6 +249,7 @@ Result<LoadReport> run_load(const LoadOptions& o, const PromptSource& prompts) {
     const double pre1 = std::max(scrape(m1, "kvq_preemptions_total"), scrape(m1, "vllm:num_preemptions_total"));
     tr.preemptions = pre0 >= 0 && pre1 >= 0 ? pre1 - pre0 : -1;
     tr.max_running = scrape(m1, "kvq_requests_max_running");
+    tr.peak_kv_bytes = scrape(m1, "kvq_kv_cache_peak_bytes");
     std::vector<double> ttft, tpot, e2e;
     double prompt_sum = 0, out_tokens = 0;
     for (size_t i = 0; i < results.size(); ++i) {
@@ -296,7 +297,8 @@ json report_json(const LoadReport& r, bool with_requests) {
     json tj = {{"prompt_tokens_target", t.prompt_tokens_target}, {"prompt_tokens_mean", t.prompt_tokens_mean},
                {"requests", t.requests}, {"ok", t.ok}, {"errors", t.errors}, {"ttft_s", pct_json(t.ttft)},
                {"tpot_s", pct_json(t.tpot)}, {"e2e_s", pct_json(t.e2e)}, {"wall_s", t.wall_s},
-               {"output_tok_per_s", t.output_tok_per_s}, {"preemptions", t.preemptions}, {"max_running", t.max_running}};
+               {"output_tok_per_s", t.output_tok_per_s}, {"preemptions", t.preemptions}, {"max_running", t.max_running},
+               {"peak_kv_bytes", t.peak_kv_bytes}};
     if (with_requests) {
       tj["requests_detail"] = json::array();
       for (const RequestResult& q : t.results)
@@ -324,6 +326,7 @@ Result<LoadReport> report_from_json(const json& j) {
     tr.e2e = pct_from(t.value("e2e_s", json::object()));
     tr.wall_s = t.value("wall_s", 0.0), tr.output_tok_per_s = t.value("output_tok_per_s", 0.0);
     tr.preemptions = t.value("preemptions", -1.0), tr.max_running = t.value("max_running", -1.0);
+    tr.peak_kv_bytes = t.value("peak_kv_bytes", -1.0);
     r.tiers.push_back(tr);
   }
   return r;
@@ -331,14 +334,16 @@ Result<LoadReport> report_from_json(const json& j) {
 
 std::string report_markdown(const LoadReport& r) {
   std::string o = "`kvq bench serve` against " + r.url + " (model " + r.model + ", " + r.label + "), " + r.date + "\n\n";
-  o += "| tier | prompt tok | ok/err | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | e2e p50 (s) | out tok/s | preemptions |\n";
-  o += "|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+  o += "| tier | prompt tok | ok/err | TTFT p50 / p90 / p99 (ms) | TPOT p50 / p90 / p99 (ms) | e2e p50 (s) | out tok/s | "
+       "preemptions | max running | peak KV MB |\n";
+  o += "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const TierResult& t : r.tiers) {
     char b[512];
-    std::snprintf(b, sizeof b, "| %d | %.0f | %d/%d | %.1f / %.1f / %.1f | %.2f / %.2f / %.2f | %.2f | %.1f | %s |\n",
+    std::snprintf(b, sizeof b, "| %d | %.0f | %d/%d | %.1f / %.1f / %.1f | %.2f / %.2f / %.2f | %.2f | %.1f | %s | %.0f | %.2f |\n",
                   t.prompt_tokens_target, t.prompt_tokens_mean, t.ok, t.errors, t.ttft.p50 * 1e3, t.ttft.p90 * 1e3,
                   t.ttft.p99 * 1e3, t.tpot.p50 * 1e3, t.tpot.p90 * 1e3, t.tpot.p99 * 1e3, t.e2e.p50, t.output_tok_per_s,
-                  t.preemptions < 0 ? "n/a" : std::to_string(static_cast<long long>(t.preemptions)).c_str());
+                  t.preemptions < 0 ? "n/a" : std::to_string(static_cast<long long>(t.preemptions)).c_str(), t.max_running,
+                  t.peak_kv_bytes / 1e6);
     o += b;
   }
   return o;

@@ -249,7 +249,9 @@ json usage_chunk(bool chat, const std::string& id, int64_t created, const std::s
             {"total_tokens", prompt_tokens + completion_tokens}}}};
 }
 
-TextStream::TextStream(const model::Tokenizer& tok, std::vector<std::string> stop) : tok_(tok), stop_(std::move(stop)) {}
+TextStream::TextStream(const model::Tokenizer& tok, std::vector<std::string> stop) : tok_(tok), stop_(std::move(stop)) {
+  stop_.erase(std::remove(stop_.begin(), stop_.end(), std::string()), stop_.end());
+}
 
 std::string TextStream::feed(int32_t token) {
   if (stopped_) return "";

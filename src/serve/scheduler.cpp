@@ -151,6 +151,9 @@ struct Scheduler::Impl {
     std::lock_guard<std::mutex> lock(mu);
     counters.pages_free = book.pool().num_free();
     counters.sink_pages_free = book.sink_pool().num_free();
+    counters.peak_pages_used = std::max(counters.peak_pages_used, counters.pages_total - counters.pages_free);
+    counters.peak_sink_pages_used =
+        std::max(counters.peak_sink_pages_used, counters.sink_pages_total - counters.sink_pages_free);
     counters.running = static_cast<int>(running.size());
     counters.waiting = static_cast<int>(waiting.size());
   }

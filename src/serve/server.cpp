@@ -320,6 +320,11 @@ std::string Server::Impl::metrics_text() const {
                 static_cast<double>(bpt), "spec=\"" + spec.to_string() + "\"");
   render_sample(&o, "kvq_kv_cache_page_bytes", "gauge", "Bytes of one main-pool page across all layers.",
                 static_cast<double>(cache::bytes_per_page(spec, g.num_layers, g.num_kv_heads, g.head_dim)));
+  const size_t sink_page_b = 2 * size_t(g.num_layers) * g.bytes_per_sink_page();
+  const size_t page_b = cache::bytes_per_page(spec, g.num_layers, g.num_kv_heads, g.head_dim);
+  render_sample(&o, "kvq_kv_cache_peak_bytes", "gauge",
+                "Most KV bytes held at once so far (main pages with scales, plus bf16 sink pages).",
+                static_cast<double>(size_t(c.peak_pages_used) * page_b + size_t(c.peak_sink_pages_used) * sink_page_b));
   render_sample(&o, "kvq_preemptions_total", "counter", "Requests preempted (recomputed) because pages ran out.",
                 static_cast<double>(c.preemptions));
   render_sample(&o, "kvq_requests_running", "gauge", "Requests holding a sequence.", c.running);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -152,6 +153,7 @@ TEST(Server, ConcurrentStreamingClientsUnderPreemptionMatchAlone) {
     if (round == 0) rss_first = resident_mib();
   }
   const double rss_last = resident_mib();
+  std::printf("resident memory after rounds 1 and 2: %.1f and %.1f MiB\n", rss_first, rss_last);
   EXPECT_LT(rss_last - rss_first, 32.0) << "resident memory grew from " << rss_first << " to " << rss_last << " MiB";
   httplib::Client c = st.client();
   auto m = c.Get("/metrics");
@@ -159,6 +161,8 @@ TEST(Server, ConcurrentStreamingClientsUnderPreemptionMatchAlone) {
   EXPECT_EQ(m->status, 200);
   EXPECT_GT(metric(m->body, "kvq_preemptions_total"), 0) << "the pool should force preemption";
   EXPECT_EQ(metric(m->body, "kvq_requests_total{outcome=\"error\"}"), 0);
+  // The pool ran full: the peak is all 40 main pages (int8, 5 layers x 4 heads x 8, scales) plus sinks.
+  EXPECT_GE(metric(m->body, "kvq_kv_cache_peak_bytes"), 40.0 * 16 * 5 * 2 * 4 * (8 + 4));
   EXPECT_EQ(metric(m->body, "kvq_time_to_first_token_seconds_count"), 2 * kClients);
   EXPECT_NE(m->body.find("kvq_kv_cache_pages{pool=\"sink\",state=\"free\"}"), std::string::npos);
   EXPECT_NE(m->body.find("kvq_kv_cache_bytes_per_token{spec=\"int8/per_token_head/b16/sink16\"}"), std::string::npos);

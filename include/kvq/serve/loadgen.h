@@ -61,6 +61,7 @@ struct TierResult {
   Percentiles ttft, tpot, e2e;
   double wall_s = 0, output_tok_per_s = 0;
   double preemptions = -1, max_running = -1;  // from the server's /metrics (-1: not reported)
+  double peak_kv_bytes = -1;                  // kvq_kv_cache_peak_bytes after the tier (a running peak)
   std::vector<RequestResult> results;
 };
 

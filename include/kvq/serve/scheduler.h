@@ -19,8 +19,9 @@
 //      and seeded draw), and reports tokens and completions through each request's callback.
 //
 // Recompute replays a preempted request's history exactly as it first ran (the prompt in the same
-// chunks, the generated tokens one per step), so with the default `exact_recompute` its output is
-// the same as without preemption. `exact_recompute = false` prefills prompt and generated tokens
+// chunks, the generated tokens one per step), so with the default `exact_recompute` it computes
+// the same pieces as without preemption (bit-identical results when the engine runs with
+// EngineOptions::batch_invariant: BLAS rounds a row differently with the number of rows per call). `exact_recompute = false` prefills prompt and generated tokens
 // together (faster after long generations; results may differ by rounding).
 #include <atomic>
 #include <chrono>
@@ -76,6 +77,7 @@ struct SchedulerCounters {
   int running = 0, waiting = 0;
   int pages_total = 0, pages_free = 0, sink_pages_total = 0, sink_pages_free = 0;
   int max_running = 0;  // most requests running at once so far
+  int peak_pages_used = 0, peak_sink_pages_used = 0;  // most pages held at the end of a step so far
 };
 
 class Scheduler {
