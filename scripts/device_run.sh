@@ -17,7 +17,7 @@ mode="${1:-run}"
 if [[ $mode == pack ]]; then
   build="${2:?usage: device_run.sh pack BUILD_DIR}"
   rm -rf .device && mkdir -p .device/bin .device/lib
-  for b in kvq tests/test_attention_cuda tests/test_format_cuda; do
+  for b in kvq tests/test_attention_cuda tests/test_format_cuda tests/test_backend; do
     [[ -x $build/$b ]] && cp "$build/$b" .device/bin/ && strip -s ".device/bin/$(basename "$b")"
   done
   # Shared libraries outside the C/C++ runtime that the GPU image may lack.
@@ -43,14 +43,14 @@ if [[ -d .device/bin ]]; then
   chmod +x /tmp/kvq-bin/bin/*
   export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}"
   KVQ=/tmp/kvq-bin/bin/kvq
-  TESTS=(/tmp/kvq-bin/bin/test_attention_cuda /tmp/kvq-bin/bin/test_format_cuda)
+  TESTS=(/tmp/kvq-bin/bin/test_attention_cuda /tmp/kvq-bin/bin/test_format_cuda /tmp/kvq-bin/bin/test_backend)
   note "binaries: prebuilt (.device/)"
 else
   cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVQ_CUDA=ON >"$OUT/env.txt" 2>&1 &&
-    cmake --build build-device -j "$(nproc)" --target kvq test_attention_cuda test_format_cuda >>"$OUT/env.txt" 2>&1 ||
+    cmake --build build-device -j "$(nproc)" --target kvq test_attention_cuda test_format_cuda test_backend >>"$OUT/env.txt" 2>&1 ||
     { note "build FAILED (see env.txt)"; tail -30 "$OUT/env.txt"; exit 1; }
   KVQ=build-device/kvq
-  TESTS=(build-device/tests/test_attention_cuda build-device/tests/test_format_cuda)
+  TESTS=(build-device/tests/test_attention_cuda build-device/tests/test_format_cuda build-device/tests/test_backend)
   note "binaries: built in build-device/"
 fi
 
@@ -60,7 +60,7 @@ if [[ $steps == *info* ]]; then
   if command -v cuobjdump >/dev/null; then
     { cuobjdump --dump-resource-usage "${TESTS[0]}" 2>&1 | grep -A1 -E 'decode_kernel|write_(rows|segments)_kernel' | grep -E 'Function|REG' |
         sed -E 's/.*Function ([^:]*):/\1/' | paste - - | sed -E 's/_ZN3kvq9attention4cuda6detail[0-9]*//' | cut -c1-220
-      echo "--- SASS op mix of decode_kernel<fp8_e4m3, 128, per-token> (default variant)"
+      echo "--- SASS op mix of decode_kernel<fp8_e4m3, 128, per-token>"
       cuobjdump -sass -fun '_ZN3kvq9attention4cuda6detail13decode_kernelILNS_6FormatE2ELi128ELNS2_9ScaleModeE2ELi4EEEvNS2_12DecodeParamsE' \
         "${TESTS[0]}" 2>/dev/null | grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+' | awk '{print $2}' >/tmp/ops.txt
       sed -E 's/\..*//' /tmp/ops.txt | sort | uniq -c | sort -rn | head -25
@@ -100,27 +100,23 @@ if [[ $steps == *bench* ]]; then
   note "bench write: rc=$?"
 fi
 
-if [[ $steps == *variants* ]]; then
-  # Evidence for docs/GPU_NOTES.md: the same cases with other kernel choices.
+if [[ $steps == *configs* ]]; then
+  # Evidence for docs/GPU_NOTES.md: the same cases with other cache settings.
   big="64,32,8,128,8192;16,32,16,128,32768;8,32,8,128,8192"
-  { echo "=== variant 1 (no register cap: 3 CTAs/SM)"
-    "$KVQ" bench decode --backend cuda --shapes "$big" --formats bf16,fp8,int8 --variant 1 --iters 30
-    echo "=== variant 2 (cp.async shared-memory ring)"
-    "$KVQ" bench decode --backend cuda --shapes "$big" --formats bf16,fp8,int8 --variant 2 --iters 30
-    echo "=== per_block_head scales"
-    "$KVQ" bench decode --backend cuda --shapes "$big" --formats bf16,fp8,int8 --granularity per_block_head --iters 30
+  { echo "=== per_block_head scales"
+    "$KVQ" bench decode --backend cuda --shapes "$big" --kv-cache-dtype bf16,fp8,int8 --kv-scale-granularity per_block_head --iters 30
     echo "=== no sink"
-    "$KVQ" bench decode --backend cuda --shapes "$big" --formats bf16,fp8 --sink 0 --iters 30
+    "$KVQ" bench decode --backend cuda --shapes "$big" --kv-cache-dtype bf16,fp8 --kv-sink-tokens 0 --iters 30
     echo "=== block 32"
-    "$KVQ" bench decode --backend cuda --shapes "$big" --formats bf16,fp8 --block-size 32 --iters 30
+    "$KVQ" bench decode --backend cuda --shapes "$big" --kv-cache-dtype bf16,fp8 --block-size 32 --iters 30
   } >>"$OUT/bench.log" 2>&1
-  note "variants: rc=$?"
+  note "configs: rc=$?"
 fi
 
 if [[ $steps == *ncu* ]] && command -v ncu >/dev/null; then
   timeout 180 ncu --clock-control none --kernel-name regex:decode_kernel --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats --section WarpStateStats \
-    "$KVQ" bench decode --backend cuda --shapes "64,32,8,128,8192" --formats fp8 --iters 30 ${KVQ_NCU_ARGS:-} >"$OUT/ncu.txt" 2>&1
+    "$KVQ" bench decode --backend cuda --shapes "64,32,8,128,8192" --kv-cache-dtype fp8 --iters 30 ${KVQ_NCU_ARGS:-} >"$OUT/ncu.txt" 2>&1
   note "ncu: rc=$?"
 fi
 

@@ -59,6 +59,17 @@ Result<std::vector<SpecRequest>> parse_spec_list(const SpecListOptions& o) {
     if (!pg.is_ok()) return invalid_argument("--kv-scale-granularity: " + pg.status().message());
   }
 
+  {
+    // The settings every entry shares are checked once, so their errors name the flag alone.
+    QuantOptions base;
+    base.kv_cache_dtype = "bf16";
+    base.scale_dtype = o.scale_dtype;
+    base.block_size = o.block_size;
+    base.sink_tokens = o.sink_tokens;
+    auto checked = parse_quant_spec(base);
+    if (!checked.is_ok()) return checked.status();
+  }
+
   std::vector<SpecRequest> out;
   auto add = [&](SpecRequest r) {
     for (const auto& e : out) {

@@ -66,7 +66,11 @@ struct Engine::Impl {
   Status plan_pieces(const std::vector<SeqStep>& steps, std::vector<int>& done, std::vector<Piece>& out) const;
   Status stage(const std::vector<Piece>& pieces, int num_decode);
   Status run_layers(int rows, int num_decode, const std::vector<Piece>& pieces);
-  Status run_logits(int rows);
+  // rows [0, rows) of xl; `segments` (row0, n) split the GEMM for batch_invariant (empty: one call).
+  Status run_logits(int rows, const std::vector<std::pair<int, int>>& segments = {});
+  // y = x · wᵀ (+ y) over the step's rows: one call, or one per piece when batch_invariant.
+  Status gemm(const float* x, int x_cols, const MatrixRef& w, float* y, float beta, int rows,
+              const std::vector<Piece>& pieces);
   Status step(const std::vector<SeqStep>& steps, const std::vector<Piece>& pieces, int num_decode, bool keep_logits);
 };
 
@@ -107,7 +111,9 @@ Status Engine::Impl::init(const Model& m, const QuantSpec& s, backend::Backend& 
   const int sink_pages_per_seq = (sink + bs - 1) / bs;
   const int pages_per_seq = std::max(1, (opts.max_tokens - sink + bs - 1) / bs);
   const int64_t want_pages = opts.num_pages > 0 ? opts.num_pages : int64_t{pages_per_seq} * opts.max_seqs;
-  const int64_t sink_pool = int64_t{sink_pages_per_seq} * opts.max_seqs;
+  const int64_t sink_pool = opts.num_sink_pages > 0 && sink_pages_per_seq > 0
+                                ? std::max<int64_t>(opts.num_sink_pages, sink_pages_per_seq)
+                                : int64_t{sink_pages_per_seq} * opts.max_seqs;
   if (want_pages > (1 << 30) || sink_pool > (1 << 30)) return invalid_argument("engine: too many pages requested");
   cache::CacheConfig cc;
   cc.num_layers = cfg.n_layers;
@@ -299,9 +305,9 @@ Status Engine::Impl::run_layers(int rows, int num_decode, const std::vector<Piec
   for (int l = 0; l < cfg.n_layers; ++l) {
     const LayerBuffers& L = layers[static_cast<size_t>(l)];
     KVQ_RETURN_IF_ERROR(B.run(backend::RmsNormArgs{f(x), f(L.attn_norm), f(xb), rows, dim, cfg.norm_eps}));
-    KVQ_RETURN_IF_ERROR(B.run(backend::GemmArgs{f(xb), rows, mat(L.wq, qd, dim, wdtype), f(q), 0.f}));
-    KVQ_RETURN_IF_ERROR(B.run(backend::GemmArgs{f(xb), rows, mat(L.wk, kvd, dim, wdtype), f(k), 0.f}));
-    KVQ_RETURN_IF_ERROR(B.run(backend::GemmArgs{f(xb), rows, mat(L.wv, kvd, dim, wdtype), f(v), 0.f}));
+    KVQ_RETURN_IF_ERROR(gemm(f(xb), dim, mat(L.wq, qd, dim, wdtype), f(q), 0.f, rows, pieces));
+    KVQ_RETURN_IF_ERROR(gemm(f(xb), dim, mat(L.wk, kvd, dim, wdtype), f(k), 0.f, rows, pieces));
+    KVQ_RETURN_IF_ERROR(gemm(f(xb), dim, mat(L.wv, kvd, dim, wdtype), f(v), 0.f, rows, pieces));
     const int max_pos = opts.max_tokens;
     KVQ_RETURN_IF_ERROR(B.run(backend::RopeArgs{f(q), rows, cfg.n_heads, hd, pos, f(rope_cos), f(rope_sin), max_pos,
                                                 cfg.rope_half_split}));
@@ -344,22 +350,36 @@ Status Engine::Impl::run_layers(int rows, int num_decode, const std::vector<Piec
       a.n_q = p.n, a.q_pos0 = p.pos, a.num_q_heads = cfg.n_heads, a.softmax_scale = scale;
       KVQ_RETURN_IF_ERROR(B.run(a));
     }
-    KVQ_RETURN_IF_ERROR(B.run(backend::GemmArgs{f(att), rows, mat(L.wo, dim, qd, wdtype), f(x), 1.f}));
+    KVQ_RETURN_IF_ERROR(gemm(f(att), qd, mat(L.wo, dim, qd, wdtype), f(x), 1.f, rows, pieces));
     KVQ_RETURN_IF_ERROR(B.run(backend::RmsNormArgs{f(x), f(L.ffn_norm), f(xb), rows, dim, cfg.norm_eps}));
-    KVQ_RETURN_IF_ERROR(B.run(backend::GemmArgs{f(xb), rows, mat(L.w1, hid, dim, wdtype), f(h1), 0.f}));
-    KVQ_RETURN_IF_ERROR(B.run(backend::GemmArgs{f(xb), rows, mat(L.w3, hid, dim, wdtype), f(h3), 0.f}));
+    KVQ_RETURN_IF_ERROR(gemm(f(xb), dim, mat(L.w1, hid, dim, wdtype), f(h1), 0.f, rows, pieces));
+    KVQ_RETURN_IF_ERROR(gemm(f(xb), dim, mat(L.w3, hid, dim, wdtype), f(h3), 0.f, rows, pieces));
     KVQ_RETURN_IF_ERROR(B.run(backend::SwigluArgs{f(h1), f(h3), size_t(rows) * hid}));
-    KVQ_RETURN_IF_ERROR(B.run(backend::GemmArgs{f(h1), rows, mat(L.w2, dim, hid, wdtype), f(x), 1.f}));
+    KVQ_RETURN_IF_ERROR(gemm(f(h1), hid, mat(L.w2, dim, hid, wdtype), f(x), 1.f, rows, pieces));
   }
   return Status::ok();
 }
 
+Status Engine::Impl::gemm(const float* xin, int x_cols, const MatrixRef& w, float* y, float beta, int rows,
+                          const std::vector<Piece>& pieces) {
+  if (!opts.batch_invariant) return be->run(backend::GemmArgs{xin, rows, w, y, beta});
+  for (const Piece& p : pieces)
+    KVQ_RETURN_IF_ERROR(be->run(backend::GemmArgs{xin + size_t(p.row0) * x_cols, p.n, w,
+                                                  y + size_t(p.row0) * w.rows, beta}));
+  return Status::ok();
+}
+
 // Final norm and classifier over rows [0, rows) of xl (already gathered) into `logits`.
-Status Engine::Impl::run_logits(int rows) {
+Status Engine::Impl::run_logits(int rows, const std::vector<std::pair<int, int>>& segments) {
   if (rows == 0) return Status::ok();
   const Buffer& cls = classifier.get() != nullptr ? classifier : tok_embedding;
   KVQ_RETURN_IF_ERROR(be->run(backend::RmsNormArgs{f(xl), f(final_norm), f(xl), rows, cfg.dim, cfg.norm_eps}));
-  return be->run(backend::GemmArgs{f(xl), rows, mat(cls, cfg.vocab_size, cfg.dim, wdtype), f(logits), 0.f});
+  const MatrixRef w = mat(cls, cfg.vocab_size, cfg.dim, wdtype);
+  if (!opts.batch_invariant || segments.empty()) return be->run(backend::GemmArgs{f(xl), rows, w, f(logits), 0.f});
+  const size_t dim = static_cast<size_t>(cfg.dim), vocab = static_cast<size_t>(cfg.vocab_size);
+  for (const auto& [r0, n] : segments)
+    KVQ_RETURN_IF_ERROR(be->run(backend::GemmArgs{f(xl) + size_t(r0) * dim, n, w, f(logits) + size_t(r0) * vocab, 0.f}));
+  return Status::ok();
 }
 
 // One sub-step: stage, layers, logits of the rows that need them (downloaded unless keep_logits,
@@ -381,7 +401,9 @@ Status Engine::Impl::step(const std::vector<SeqStep>& steps, const std::vector<P
     auto body = [&]() -> Status {
       KVQ_RETURN_IF_ERROR(run_layers(rows, num_decode, pieces));
       KVQ_RETURN_IF_ERROR(be->copy(xl.get(), x.get(), size_t(rows) * dim * sizeof(float)));
-      return run_logits(rows);
+      std::vector<std::pair<int, int>> segs;
+      for (const Piece& p : pieces) segs.emplace_back(p.row0, p.n);
+      return run_logits(rows, segs);
     };
     auto it = graphs.find(rows);
     if (it != graphs.end()) {
@@ -435,7 +457,9 @@ Status Engine::Impl::step(const std::vector<SeqStep>& steps, const std::vector<P
   }
   for (const Out& o : outs)
     KVQ_RETURN_IF_ERROR(be->copy(f(xl) + size_t(o.lrow) * dim, f(x) + size_t(o.src_row) * dim, size_t(o.n) * dim * 4));
-  KVQ_RETURN_IF_ERROR(run_logits(lrows));
+  std::vector<std::pair<int, int>> segs;
+  for (const Out& o : outs) segs.emplace_back(o.lrow, o.n);
+  KVQ_RETURN_IF_ERROR(run_logits(lrows, segs));
   if (keep_logits) return Status::ok();
   for (const Out& o : outs) {
     const SeqStep& s = steps[o.p->step];

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -48,6 +49,9 @@ struct WriteCase {
            std::to_string(block_size) + "_S" + std::to_string(sink) + (fp32_input ? "_fp32in" : "_bf16in");
   }
 };
+
+// What gtest prints for GetParam() and what ctest lists: the case, not its raw bytes.
+void PrintTo(const WriteCase& c, std::ostream* os) { *os << c.name() << " seed " << c.seed; }
 
 void run_case(const WriteCase& c) {
   auto dev = cuda_device_info();
@@ -138,10 +142,10 @@ void run_case(const WriteCase& c) {
         const int pos = pos0 + t;
         const int cap = host.sink_capacity(s);
         if (pos < cap) {
-          slots.push_back(kc::sink_slot(host.sink_table(s)[pos / bs], pos % bs, bs));
+          slots.push_back(kvq::cache::encode_sink_slot(host.sink_table(s)[pos / bs], pos % bs, bs));
         } else {
           const int u = pos - cap;
-          slots.push_back(kc::main_slot(host.block_table(s)[u / bs], u % bs, bs));
+          slots.push_back(kvq::cache::encode_main_slot(host.block_table(s)[u / bs], u % bs, bs));
         }
       }
       k.insert(k.end(), kk.begin(), kk.end());

@@ -1,4 +1,4 @@
-// `kvq bench decode|write --backend cuda [--json FILE]`: GPU timings of the decode attention and
+// `kvq bench decode|write [--backend cuda|auto] [--json FILE]`: GPU timings of the decode attention and
 // the cache write against the device's copy bandwidth, measured in the same run
 // (kvq/attention/cuda/bench.h has the method). The CPU kernels have their own Google Benchmark
 // binary (kvq_bench_cpu).
@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvq/cache_options.h"
 #include "kvq/command.h"
 #include "kvq/common/file_io.h"
 #include "kvq/quant/spec.h"
@@ -24,18 +25,16 @@ namespace kvq::tools {
 namespace {
 
 struct BenchCliOptions {
-  std::string backend = "cuda";
   std::string json_path;
   int iters = 50, warmup = 5;
   bool warm_l2 = false;
   // decode
+  CacheCliOptions decode_cache;  // add_cache_options sets each subcommand's defaults
   std::string shapes;  // "B,Hq,Hkv,D,L;..." (default: the nine shapes)
-  std::string formats = "bf16,fp8_e4m3,fp8_fnuz,int8";
-  std::string granularity = "per_token_head";
-  int block_size = 16, sink = 256, splits = 0, variant = 0;
+  int splits = 0;
   // write
+  CacheCliOptions write_cache;
   int tokens = 16384, heads = 8, head_dim = 128;
-  std::string write_granularities = "per_token_head,per_block_head";
 };
 
 [[maybe_unused]] std::vector<std::string> split(const std::string& s, char sep) {
@@ -60,19 +59,6 @@ namespace kc = kvq::attention::cuda;
 int fail(const std::string& what, const Status& s) {
   std::fprintf(stderr, "kvq bench: %s: %s\n", what.c_str(), s.to_string().c_str());
   return 1;
-}
-
-bool parse_formats(const std::string& list, std::vector<Format>& out) {
-  out.clear();
-  for (const std::string& name : split(list, ',')) {
-    auto f = parse_kv_cache_dtype(name);
-    if (!f.is_ok()) {
-      std::fprintf(stderr, "kvq bench: %s\n", f.status().message().c_str());
-      return false;
-    }
-    out.push_back(f.value());
-  }
-  return !out.empty();
 }
 
 bool parse_shapes(const std::string& list, std::vector<kc::DecodeShape>& out) {
@@ -119,7 +105,7 @@ int write_json(const std::string& path, const nlohmann::json& j) {
   return 0;
 }
 
-int run_bench(const BenchCliOptions& o, bool decode) {
+int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
   if (!o.json_path.empty()) {
     if (Status st = check_writable(o.json_path, "--json output"); !st.is_ok()) return fail("--json", st);
   }
@@ -143,14 +129,11 @@ int run_bench(const BenchCliOptions& o, bool decode) {
   if (decode) {
     kc::DecodeBenchOptions d;
     if (!o.shapes.empty() && !parse_shapes(o.shapes, d.shapes)) return 2;
-    if (!parse_formats(o.formats, d.formats)) return 2;
-    auto g = parse_granularity(o.granularity);
-    if (!g.is_ok()) return fail("--granularity", g.status());
-    d.granularity = g.value();
-    d.block_size = o.block_size;
-    d.sink_tokens = o.sink;
+    d.formats = grid.formats;
+    d.granularity = grid.granularities.front();
+    d.block_size = grid.block_size;
+    d.sink_tokens = grid.sink_tokens;
     d.force_splits = o.splits;
-    d.variant = o.variant;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value());
     if (!rows.is_ok()) return fail("decode", rows.status());
@@ -171,7 +154,6 @@ int run_bench(const BenchCliOptions& o, bool decode) {
                      {"sink_tokens", r.sink_tokens},
                      {"splits", r.splits},
                      {"ctas_per_sm", r.ctas_per_sm},
-                     {"variant", r.variant},
                      {"us_median", r.us_median},
                      {"us_min", r.us_min},
                      {"us_max", r.us_max},
@@ -184,14 +166,9 @@ int run_bench(const BenchCliOptions& o, bool decode) {
     j["decode"] = arr;
   } else {
     kc::WriteBenchOptions w;
-    w.num_tokens = o.tokens, w.num_kv_heads = o.heads, w.head_dim = o.head_dim, w.block_size = o.block_size;
-    if (!parse_formats(o.formats, w.formats)) return 2;
-    w.granularities.clear();
-    for (const std::string& name : split(o.write_granularities, ',')) {
-      auto g = parse_granularity(name);
-      if (!g.is_ok()) return fail("--granularities", g.status());
-      w.granularities.push_back(g.value());
-    }
+    w.num_tokens = o.tokens, w.num_kv_heads = o.heads, w.head_dim = o.head_dim, w.block_size = grid.block_size;
+    w.formats = grid.formats;
+    w.granularities = grid.granularities;
     w.timing = timing;
     auto rows = kc::bench_write(w, copy.value());
     if (!rows.is_ok()) return fail("write", rows.status());
@@ -221,15 +198,22 @@ int run_bench(const BenchCliOptions& o, bool decode) {
 #endif
 
 int dispatch(const BenchCliOptions& o, bool decode) {
-  if (o.backend != "cuda") {
+  const char* name = decode ? "kvq bench decode" : "kvq bench write";
+  const CacheCliOptions& cache = decode ? o.decode_cache : o.write_cache;
+  auto grid = to_cache_grid(cache, decode ? CacheCommand::kBenchDecode : CacheCommand::kBenchWrite);
+  if (!grid.is_ok()) {
+    std::fprintf(stderr, "%s: %s\n", name, grid.status().message().c_str());
+    return 2;
+  }
+  if (cache.backend == "cpu") {
     std::fprintf(stderr,
-                 "kvq bench: --backend %s is not benchmarked here; CPU kernels are timed by the kvq_bench_cpu "
-                 "binary (Google Benchmark). Use --backend cuda on a GPU build.\n",
-                 o.backend.c_str());
+                 "%s: --backend cpu is not benchmarked here; CPU kernels are timed by the kvq_bench_cpu "
+                 "binary (Google Benchmark). Use --backend cuda (or auto) on a GPU build.\n",
+                 name);
     return 2;
   }
 #ifdef KVQ_HAVE_CUDA
-  return run_bench(o, decode);
+  return run_bench(o, grid.value(), decode);
 #else
   (void)decode;
   std::fprintf(stderr,
@@ -240,13 +224,10 @@ int dispatch(const BenchCliOptions& o, bool decode) {
 }
 
 void add_common(CLI::App* c, BenchCliOptions& o) {
-  c->add_option("--backend", o.backend, "Backend to time (cuda)")->capture_default_str();
   c->add_option("--json", o.json_path, "Also write the results as JSON to this file");
   c->add_option("--iters", o.iters, "Timed CUDA-graph replays per case (>= 30)")->capture_default_str();
   c->add_option("--warmup", o.warmup, "Untimed replays first")->capture_default_str();
   c->add_flag("--warm-l2", o.warm_l2, "Do not flush L2 between replays (default: cold L2)");
-  c->add_option("--formats", o.formats, "Comma-separated --kv-cache-dtype values")->capture_default_str();
-  c->add_option("--block-size", o.block_size, "Tokens per page (16 or 32)")->capture_default_str();
 }
 
 const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()> {
@@ -256,19 +237,16 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   sub->require_subcommand(1);
   CLI::App* dec = sub->add_subcommand("decode", "Decode attention over a paged cache, per shape and format");
   add_common(dec, *opt);
+  add_cache_options(dec, opt->decode_cache, CacheCommand::kBenchDecode);
   dec->add_option("--shapes", opt->shapes, "Semicolon-separated B,Hq,Hkv,D,L (default: the nine standard shapes)");
-  dec->add_option("--granularity", opt->granularity, "Scale granularity of the quantized formats")->capture_default_str();
-  dec->add_option("--sink", opt->sink, "Sink tokens (bf16) per sequence for quantized formats")->capture_default_str();
   dec->add_option("--splits", opt->splits, "Force this many KV splits (0: planned)")->capture_default_str();
-  dec->add_option("--variant", opt->variant, "Kernel variant (0 default; 1: no register cap for 8-bit D<=128)")
-      ->capture_default_str();
   dec->callback([which] { *which = 1; });
   CLI::App* wr = sub->add_subcommand("write", "Quantize + scatter of new K/V rows into pages");
   add_common(wr, *opt);
+  add_cache_options(wr, opt->write_cache, CacheCommand::kBenchWrite);
   wr->add_option("--tokens", opt->tokens, "New tokens per call")->capture_default_str();
   wr->add_option("--heads", opt->heads, "KV heads")->capture_default_str();
   wr->add_option("--head-dim", opt->head_dim, "Head dim (64, 128, 256)")->capture_default_str();
-  wr->add_option("--granularities", opt->write_granularities, "Comma-separated scale granularities")->capture_default_str();
   wr->callback([which] { *which = 2; });
   return [opt, which] { return dispatch(*opt, *which == 1); };
 }}};

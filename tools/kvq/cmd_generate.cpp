@@ -5,6 +5,8 @@
 #include <string>
 
 #include "kvq/backend/backend.h"
+#include "kvq/cache_options.h"
+#include "kvq/cli_support.h"
 #include "kvq/command.h"
 #include "kvq/format/auto_format.h"
 #include "kvq/model/model.h"
@@ -18,14 +20,13 @@ struct GenerateOptions {
   std::string prompt;
   bool chat = false;
   bool no_bos = false;
-  QuantOptions quant;
+  CacheCliOptions cache;  // add_cache_options sets generate's defaults
   float temperature = 0.f;
   float top_p = 1.f;
   uint64_t seed = 0;
   int max_new = 128;
   int max_tokens = 0;
   int threads = 0;
-  std::string backend = "auto";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -36,12 +37,13 @@ int run_generate(const GenerateOptions& o) {
     std::fprintf(stderr, "kvq generate: %s\n", s.to_string().c_str());
     return 1;
   };
-  if (!(o.temperature >= 0.f) || !(o.top_p > 0.f && o.top_p <= 1.f))
-    return fail(invalid_argument("--temperature must be >= 0 and --top-p in (0, 1]"));
-  auto kind = backend::resolve_backend(o.backend);
+  // Everything the flags decide is checked before the model loads.
+  Status sampling = check_sampling(o.temperature, o.top_p, o.max_new);
+  if (!sampling.is_ok()) return fail(sampling);
+  auto kind = backend::resolve_backend(o.cache.backend);
   if (!kind.is_ok()) return fail(kind.status());
   // `auto` is what the backend the model runs on prefers (fp8 on sm_89+ GPUs, int8 on CPUs).
-  auto spec = parse_quant_spec(o.quant, backend::auto_cache_format(kind.value()));
+  auto spec = to_quant_spec(o.cache, backend::auto_cache_format(kind.value()));
   if (!spec.is_ok()) return fail(spec.status());
   backend::BackendOptions bo;
   bo.cpu_threads = o.threads;
@@ -80,13 +82,18 @@ int run_generate(const GenerateOptions& o) {
   // Stream by decoding the whole continuation each step and printing what is new, so multi-byte
   // characters split across tokens and the dummy-prefix space come out right.
   std::vector<int32_t> out;
-  std::string shown;
+  // Decoded after the prompt's ids, so a continuation's leading space (which a tokenizer drops at
+  // the start of a text) survives.
+  std::vector<int32_t> all = prompt;
+  const std::string prompt_text = tok.decode(prompt);
+  std::string shown = prompt_text;
   auto t_first = Clock::now();
   double prefill_s = -1;
   auto on_token = [&](int32_t id) {
     if (prefill_s < 0) prefill_s = seconds_since(t_first);
     out.push_back(id);
-    std::string now = tok.decode(out);
+    all.push_back(id);
+    std::string now = tok.decode(all);
     if (now.size() > shown.size() && now.compare(0, shown.size(), shown) == 0) {
       std::fwrite(now.data() + shown.size(), 1, now.size() - shown.size(), stdout);
       std::fflush(stdout);
@@ -126,21 +133,12 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   sub->add_option("--prompt,-p", o->prompt, "Prompt text (empty: start from BOS)");
   sub->add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template (SmolLM2-Instruct)");
   sub->add_flag("--no-bos", o->no_bos, "Do not prepend BOS even when the model expects it");
-  sub->add_option("--kv-cache-dtype", o->quant.kv_cache_dtype, "auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8")
-      ->capture_default_str();
-  sub->add_option("--kv-scale-granularity", o->quant.granularity, "per_token_head|per_block_head|per_tensor")
-      ->capture_default_str();
-  sub->add_option("--kv-sink-tokens", o->quant.sink_tokens, "First N tokens kept in bf16 (0 disables)")
-      ->capture_default_str();
-  sub->add_option("--kv-block-size", o->quant.block_size, "Tokens per cache page (16 or 32)")->capture_default_str();
+  add_cache_options(sub, o->cache, CacheCommand::kGenerate);
   sub->add_option("--temperature,-t", o->temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
   sub->add_option("--top-p", o->top_p, "Nucleus sampling mass")->capture_default_str();
   sub->add_option("--seed", o->seed, "Sampling seed")->capture_default_str();
-  sub->add_option("-n,--max-new-tokens", o->max_new, "Tokens to generate")->capture_default_str()->check(CLI::PositiveNumber);
+  sub->add_option("-n,--max-new-tokens", o->max_new, "Tokens to generate (>= 1)")->capture_default_str();
   sub->add_option("--max-tokens", o->max_tokens, "Cache capacity in tokens (default: prompt + n)");
-  sub->add_option("--backend", o->backend, "where the model runs: cpu, cuda or auto (cuda when a GPU is present)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
-      ->capture_default_str();
   sub->add_option("--threads", o->threads, "BLAS threads for the matrix products (default: the BLAS default)");
   return [o] { return run_generate(*o); };
 }}};

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvq/cli_support.h"
 #include "kvq/command.h"
 #include "kvq/common/hardware.h"
 #include "kvq/format/auto_format.h"
@@ -92,6 +93,7 @@ int run_probe(const ProbeOptions& opt) {
 
   if (opt.json) {
     j["version"] = KVQ_VERSION;
+    j["build"] = version_text();
     j["backends"] = backends;
     j["cpu"] = {{"model", hw.cpu.model}, {"avx2", hw.cpu.avx2}, {"fma", hw.cpu.fma},
                 {"avx512f", hw.cpu.avx512f}, {"logical_cores", hw.cpu.logical_cores}};
@@ -101,7 +103,7 @@ int run_probe(const ProbeOptions& opt) {
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     std::printf("kvq probe\n");
-    std::printf("  version       %s\n", KVQ_VERSION);
+    std::printf("  version       %s\n", version_text().c_str());
     std::printf("  backends      %s\n", backends.c_str());
     std::printf("  cpu           %s\n", hw.cpu.model.empty() ? "(unknown)" : hw.cpu.model.c_str());
     std::printf("  cpu features  %s\n", features.c_str());

@@ -25,10 +25,16 @@ struct EngineOptions {
   int max_seqs = 1;         // sequences alive at once
   int max_tokens = 0;       // tokens per sequence; 0 = the model's context; at most the model's context
   int num_pages = 0;        // main pool pages; 0 = enough for max_seqs full sequences
+  int num_sink_pages = 0;   // bf16 sink pool pages; 0 = one full sink per sequence (max_seqs sinks)
   int chunk_tokens = 128;   // prefill chunk per sequence and step (bounds scratch memory)
   int max_step_tokens = 0;  // rows per step over all sequences; 0 = chunk_tokens * min(max_seqs, 8)
   WeightsDType weights = WeightsDType::kAuto;
   bool cuda_graphs = true;  // capture pure decode steps where the backend supports graphs
+  // Every matrix product runs per sequence piece instead of once over the step's rows, so a
+  // sequence's numbers are bit-identical to running it alone whatever shares its step (BLAS and
+  // cuBLAS round a row differently depending on the row count). Costs the weight reuse of
+  // batched decode; for verification and reproducible serving (`kvq serve --batch-invariant`).
+  bool batch_invariant = false;
 };
 
 enum class LogitsMode : uint8_t { kNone, kLast, kAll };

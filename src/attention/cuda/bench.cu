@@ -229,8 +229,6 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, const D
   a.softmax_scale = 1.f / std::sqrt(static_cast<float>(sh.head_dim));
   DecodeOptions dopts;
   dopts.force_splits = o.force_splits;
-  dopts.variant = o.variant;
-  row.variant = o.variant;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;
@@ -302,7 +300,7 @@ Result<std::vector<WriteBenchRow>> bench_write(const WriteBenchOptions& o, const
   std::vector<int32_t> order(pages), slots(n);
   std::iota(order.begin(), order.end(), 0);
   std::shuffle(order.begin(), order.end(), rng);
-  for (int t = 0; t < n; ++t) slots[t] = main_slot(order[t / bs], t % bs, bs);
+  for (int t = 0; t < n; ++t) slots[t] = cache::encode_main_slot(order[t / bs], t % bs, bs);
   auto dslots = DeviceBuffer::create(static_cast<size_t>(n) * 4);
   if (!dslots.is_ok()) return dslots.status();
   KVQ_RETURN_IF_ERROR(dslots.value().upload(slots.data(), slots.size() * 4));

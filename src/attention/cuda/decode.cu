@@ -18,34 +18,15 @@ ScaleMode scale_mode(const cache::CacheGeometry& g) {
   return g.granularity == ScaleGranularity::kPerTensor ? ScaleMode::kTensor : ScaleMode::kToken;
 }
 
-detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g, int variant = 0) {
+detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g) {
   switch (g.format) {
     case Format::kBf16:
     case Format::kFp16: return detail::decode_kernel_16bit(g.format, g.head_dim);
     case Format::kFp8E4m3:
-    case Format::kFp8E4m3Fnuz: return detail::decode_kernel_fp8(g.head_dim, scale_mode(g), variant);
-    case Format::kInt8: return detail::decode_kernel_int8(g.head_dim, scale_mode(g), variant);
+    case Format::kFp8E4m3Fnuz: return detail::decode_kernel_fp8(g.head_dim, scale_mode(g));
+    case Format::kInt8: return detail::decode_kernel_int8(g.head_dim, scale_mode(g));
     default: return {};
   }
-}
-
-// The kernel and dynamic shared memory a plan's variant launches (variant 2 falls back to the
-// default where it has no instance).
-struct Launch {
-  void (*fn)(detail::DecodeParams) = nullptr;
-  int dyn_smem = 0;
-};
-Result<Launch> launch_for(const cache::CacheGeometry& g, int variant) {
-  if (variant == 2) {
-    const detail::DecodeAsyncKernel k = detail::decode_kernel_async_for(g.format, g.head_dim, scale_mode(g));
-    if (k.fn != nullptr) {
-      // More than 48 KB of dynamic shared memory needs an opt-in (host-side, idempotent).
-      KVQ_RETURN_IF_ERROR(detail::cuda_status(
-          cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, k.dyn_smem), "cuda decode: smem opt-in"));
-      return Launch{k.fn, k.dyn_smem};
-    }
-  }
-  return Launch{kernel_for(g, variant == 1 ? 1 : 0).fn, 0};
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -100,11 +81,9 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   p.num_seqs = a.tables.num_seqs;
   p.num_q_heads = a.num_q_heads;
   p.max_tokens = (a.tables.max_blocks + a.tables.max_sink_blocks) * a.geom.block_size;
-  p.variant = opts.variant;
-  auto kern = launch_for(a.geom, p.variant);
-  if (!kern.is_ok()) return kern.status();
+  const detail::DecodeKernelFn kern = kernel_for(a.geom);
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern->fn, detail::kDecodeThreads, kern->dyn_smem) != cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.fn, detail::kDecodeThreads, 0) != cudaSuccess ||
       occ < 1) {
     cudaGetLastError();
     occ = 2;
@@ -162,9 +141,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   k.num_kv_heads = g.num_kv_heads, k.num_q_heads = a.num_q_heads;
   k.group = a.num_q_heads / g.num_kv_heads, k.head_groups = p.head_groups;
   k.block_size = g.block_size, k.num_splits = p.num_splits;
-  const bool per_token = g.granularity == ScaleGranularity::kPerTokenHead;
-  k.scale_head_stride = per_token ? g.block_size : 1;
-  k.scale_slot_mul = per_token ? 1 : 0;
+  k.geom = g;
   k.softmax_scale = a.softmax_scale;
   k.fnuz_factor = g.format == Format::kFp8E4m3Fnuz ? 0.5f : 1.f;
   if (p.num_splits > 1) {
@@ -174,9 +151,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   }
   const dim3 grid(p.num_splits, g.num_kv_heads * p.head_groups, a.tables.num_seqs);
   if (grid.y > 65535) return unsupported("cuda decode: too many kv heads x head groups for one launch");
-  auto kern = launch_for(g, p.variant);
-  if (!kern.is_ok()) return kern.status();
-  kern->fn<<<grid, detail::kDecodeThreads, kern->dyn_smem, stream>>>(k);
+  kernel_for(g).fn<<<grid, detail::kDecodeThreads, 0, stream>>>(k);
   KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;

@@ -11,12 +11,11 @@ struct DecodeKernelFn {
 using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 
 // Occupancy target per instance: 8-bit caches with head_dim <= 128 are capped at 128 registers
-// (4 CTAs = 16 warps per SM); `variant` 1 lifts the cap (3 CTAs, no spills) for comparisons.
+// (4 CTAs = 16 warps per SM), measured faster than the uncapped kernel (docs/GPU_NOTES.md §5).
 template <Format F, int D, ScaleMode SM>
-DecodeKernelFn decode_instance(int variant) {
+DecodeKernelFn decode_instance() {
   constexpr bool k8bit = F != Format::kBf16 && F != Format::kFp16;
   if constexpr (k8bit && D <= 128) {
-    if (variant == 1) return {decode_kernel<F, D, SM, 1>};
     return {decode_kernel<F, D, SM, 4>};
   } else {
     return {decode_kernel<F, D, SM, 1>};
@@ -24,16 +23,9 @@ DecodeKernelFn decode_instance(int variant) {
 }
 
 // An empty DecodeKernelFn for a head_dim without an instance.
-DecodeKernelFn decode_kernel_fp8(int head_dim, ScaleMode sm, int variant);
-DecodeKernelFn decode_kernel_int8(int head_dim, ScaleMode sm, int variant);
+DecodeKernelFn decode_kernel_fp8(int head_dim, ScaleMode sm);
+DecodeKernelFn decode_kernel_int8(int head_dim, ScaleMode sm);
 DecodeKernelFn decode_kernel_16bit(Format f, int head_dim);
 MergeKernelFn decode_merge_kernel_for(int head_dim);
-
-// Variant 2 (shared-memory ring, decode_kernel_async.cuh); empty where no instance exists.
-struct DecodeAsyncKernel {
-  void (*fn)(DecodeParams) = nullptr;
-  int dyn_smem = 0;
-};
-DecodeAsyncKernel decode_kernel_async_for(Format f, int head_dim, ScaleMode sm);
 
 }  // namespace kvq::attention::cuda::detail

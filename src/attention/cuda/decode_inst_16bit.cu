@@ -6,9 +6,9 @@ namespace kvq::attention::cuda::detail {
 template <Format F>
 static DecodeKernelFn pick_16(int head_dim) {
   switch (head_dim) {
-    case 64: return decode_instance<F, 64, ScaleMode::kNone>(0);
-    case 128: return decode_instance<F, 128, ScaleMode::kNone>(0);
-    case 256: return decode_instance<F, 256, ScaleMode::kNone>(0);
+    case 64: return decode_instance<F, 64, ScaleMode::kNone>();
+    case 128: return decode_instance<F, 128, ScaleMode::kNone>();
+    case 256: return decode_instance<F, 256, ScaleMode::kNone>();
     default: return {};
   }
 }

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "device_util.cuh"
+#include "kvq/cache/layout.h"
 #include "kvq/format/format.h"
 
 namespace kvq::attention::cuda::detail {
@@ -50,9 +51,8 @@ struct DecodeParams {
   float* lse;
   float* part_out;  // [seq][q head][split][D] when num_splits > 1
   float* part_lse;  // [seq][q head][split]
+  cache::CacheGeometry geom;  // element and scale addresses (elem_index / scale_index)
   int num_kv_heads, num_q_heads, group, head_groups, block_size, num_splits;
-  int scale_head_stride;  // scale index = (page * H + h) * stride + slot * slot_mul
-  int scale_slot_mul;
   float softmax_scale;
   float fnuz_factor;  // 0.5 for FNUZ read as OCP, else 1
 };
@@ -144,16 +144,16 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const PartArgs&
   constexpr size_t kRow = static_cast<size_t>(D) * kB;
   const int g = lane >> 2, t = lane & 3;
   const int slot0 = (tile * kTileTokens) % p.block_size;
-  const size_t head_base = (static_cast<size_t>(page) * p.num_kv_heads + kv_head) * p.block_size + slot0;
-  const uint8_t* krow = a.k + (head_base + g) * kRow;
+  // Sink and main planes share the element layout; only the element size differs (kB).
+  const uint8_t* krow = a.k + p.geom.elem_index(page, kv_head, slot0 + g) * kB;
 #pragma unroll
   for (int j = 0; j < TileShape<F, D>::kKWords / 4; ++j) {
     const uint4 w = ld_stream_v4(krow + (t + 4 * j) * 16);
     pl.k[4 * j] = w.x, pl.k[4 * j + 1] = w.y, pl.k[4 * j + 2] = w.z, pl.k[4 * j + 3] = w.w;
   }
   constexpr int kVW = TileShape<F, D>::kVWords;
-  const uint8_t* va = a.v + (head_base + 2 * t) * kRow + g * (kVW * 4);
-  const uint8_t* vb = va + kRow;
+  const uint8_t* va = a.v + p.geom.elem_index(page, kv_head, slot0 + 2 * t) * kB + g * (kVW * 4);
+  const uint8_t* vb = va + kRow;  // the next slot's row
   if constexpr (kVW == 2) {
     const uint2 x = ld_stream_v2(va), y = ld_stream_v2(vb);
     pl.va[0] = x.x, pl.va[1] = x.y, pl.vb[0] = y.x, pl.vb[1] = y.y;
@@ -166,12 +166,12 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const PartArgs&
     }
   }
   if constexpr (SM == ScaleMode::kToken) {
-    const size_t si = (static_cast<size_t>(page) * p.num_kv_heads + kv_head) * p.scale_head_stride +
-                      static_cast<size_t>(slot0 + 2 * t) * p.scale_slot_mul;
-    pl.ks0 = __ldg(a.ks + si);
-    pl.ks1 = __ldg(a.ks + si + p.scale_slot_mul);
-    pl.vs0 = __ldg(a.vs + si);
-    pl.vs1 = __ldg(a.vs + si + p.scale_slot_mul);
+    const size_t si0 = p.geom.scale_index(page, kv_head, slot0 + 2 * t);
+    const size_t si1 = p.geom.scale_index(page, kv_head, slot0 + 2 * t + 1);
+    pl.ks0 = __ldg(a.ks + si0);
+    pl.ks1 = __ldg(a.ks + si1);
+    pl.vs0 = __ldg(a.vs + si0);
+    pl.vs1 = __ldg(a.vs + si1);
   }
 }
 
@@ -256,117 +256,6 @@ __device__ __forceinline__ void compute_tile(const Payload<F, D>& pl_in, const u
       mma_m16n8k8_f16(st.o[jj], a0, a1, p_hi);
       mma_m16n8k8_f16(st.o[jj], a0, a1, p_lo);
     }
-  }
-}
-
-// Two consecutive tiles (16 tokens) at once (used by the shared-memory variant, where registers
-// are not the limit; in the register-prefetch kernel it raised register pressure and lost): two independent QK accumulator chains sharing each
-// query-fragment load, one softmax update for the 16 tokens, and PV as m16n8k16 (tile 0 in k 0-7,
-// tile 1 in k 8-15). `tile0 + 1` may be past this CTA's tiles or the part's end: its tokens are
-// then masked like any unwritten slot (logit -inf, V zero).
-template <Format F, int D, ScaleMode SM>
-__device__ __forceinline__ void compute_pair(const Payload<F, D>& p0, const Payload<F, D>& p1, const uint4* qf,
-                                             const PartArgs& a, int tile0, int lane, State<D>& st) {
-  using P = Path<F>;
-  const int t = lane & 3;
-  // Tile 1 may belong to the next split (tile_end) or lie past the part's tokens: mask it whole.
-  const int nv0 = a.n_tokens - tile0 * kTileTokens;
-  const int nv1 = tile0 + 1 < a.tile_end ? nv0 - kTileTokens : 0;
-  const bool ok[4] = {2 * t < nv0, 2 * t + 1 < nv0, 2 * t < nv1, 2 * t + 1 < nv1};
-
-  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int M = 0; M < D / 16; ++M) {
-    const uint4 qa = qf[M * 32 + lane];
-    uint32_t b0, b1, e0, e1;
-    P::k_frag(p0.k, M, b0, b1);
-    P::k_frag(p1.k, M, e0, e1);
-    if constexpr (P::kBf16Mma) {
-      mma_m16n8k16_bf16(c0, qa, b0, b1);
-      mma_m16n8k16_bf16(c1, qa, e0, e1);
-    } else {
-      mma_m16n8k16_f16(c0, qa, b0, b1);
-      mma_m16n8k16_f16(c1, qa, e0, e1);
-    }
-  }
-  float km[4] = {a.kconst, a.kconst, a.kconst, a.kconst};
-  float lv[4] = {a.lvconst, a.lvconst, a.lvconst, a.lvconst};
-  if constexpr (SM == ScaleMode::kToken) {
-    km[0] *= p0.ks0, km[1] *= p0.ks1, km[2] *= p1.ks0, km[3] *= p1.ks1;
-    lv[0] = __log2f(p0.vs0 * a.lvconst);
-    lv[1] = __log2f(p0.vs1 * a.lvconst);
-    lv[2] = __log2f(p1.vs0 * a.lvconst);
-    lv[3] = __log2f(p1.vs1 * a.lvconst);
-  }
-  constexpr float kNegInf = -__builtin_huge_valf();
-  const float raw[4] = {c0[0] + c0[2], c0[1] + c0[3], c1[0] + c1[2], c1[1] + c1[3]};
-  float s[4], u[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    s[i] = ok[i] ? raw[i] * km[i] : kNegInf;
-    u[i] = ok[i] ? s[i] + lv[i] : kNegInf;
-  }
-  const float m_new = fmaxf(st.m, warp_max_xor(fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3])), 2));
-  const float m_use = m_new == kNegInf ? 0.f : m_new;
-  st.l = st.l * exp2f(st.m - m_use) + ((exp2f(s[0] - m_use) + exp2f(s[1] - m_use)) +
-                                       (exp2f(s[2] - m_use) + exp2f(s[3] - m_use)));
-  st.m = m_new;
-  const float mv_new = fmaxf(st.mv, warp_max_xor(fmaxf(fmaxf(u[0], u[1]), fmaxf(u[2], u[3])), 2));
-  const float mv_use = mv_new == kNegInf ? 0.f : mv_new;
-  const float beta = exp2f(st.mv - mv_use);
-  st.mv = mv_new;
-  float w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) w[i] = exp2f(u[i] - mv_use);
-
-  const float beta_a = __shfl_sync(0xffffffffu, beta, 8 * t);
-  const float beta_b = __shfl_sync(0xffffffffu, beta, 8 * t + 4);
-  if (__any_sync(0xffffffffu, beta_a != 1.f || beta_b != 1.f)) {
-#pragma unroll
-    for (int jj = 0; jj < D / 16; ++jj) {
-      st.o[jj][0] *= beta_a;
-      st.o[jj][1] *= beta_b;
-      st.o[jj][2] *= beta_a;
-      st.o[jj][3] *= beta_b;
-    }
-  }
-  uint32_t h0, l0, h1, l1;
-  split2<P::kBf16Mma>(w[0], w[1], h0, l0);
-  split2<P::kBf16Mma>(w[2], w[3], h1, l1);
-
-  constexpr int kVW = TileShape<F, D>::kVWords;
-  uint32_t va0[kVW], vb0[kVW], va1[kVW], vb1[kVW];
-#pragma unroll
-  for (int i = 0; i < kVW; ++i) {
-    va0[i] = ok[0] ? p0.va[i] : 0u;
-    vb0[i] = ok[1] ? p0.vb[i] : 0u;
-    va1[i] = ok[2] ? p1.va[i] : 0u;
-    vb1[i] = ok[3] ? p1.vb[i] : 0u;
-  }
-#pragma unroll
-  for (int jj = 0; jj < D / 16; ++jj) {
-    uint4 av;
-    P::v_frag(va0, vb0, jj, av.x, av.y);
-    P::v_frag(va1, vb1, jj, av.z, av.w);
-    if constexpr (P::kBf16Mma) {
-      mma_m16n8k16_bf16(st.o[jj], av, h0, h1);
-      mma_m16n8k16_bf16(st.o[jj], av, l0, l1);
-    } else {
-      mma_m16n8k16_f16(st.o[jj], av, h0, h1);
-      mma_m16n8k16_f16(st.o[jj], av, l0, l1);
-    }
-  }
-}
-
-// A bundle of NT tiles starting at `tile0`: pairs where possible, a last single tile otherwise.
-template <Format F, int D, ScaleMode SM, int NT>
-__device__ __forceinline__ void compute_bundle(const Payload<F, D> (&pl)[NT], const uint4* qf, const PartArgs& a,
-                                               int tile0, int lane, State<D>& st) {
-#pragma unroll
-  for (int i = 0; i + 1 < NT; i += 2)
-    if (tile0 + i < a.tile_end) compute_pair<F, D, SM>(pl[i], pl[i + 1], qf, a, tile0 + i, lane, st);
-  if constexpr (NT % 2 == 1) {
-    if (tile0 + NT - 1 < a.tile_end) compute_tile<F, D, SM>(pl[NT - 1], qf, a, tile0 + NT - 1, lane, st);
   }
 }
 

@@ -23,6 +23,7 @@ namespace {
 constexpr int kThreads = 128;
 
 struct WriteParams {
+  cache::CacheGeometry geom;  // element and scale addresses (elem_index / scale_index)
   uint8_t* codes[2];
   float* scales[2];
   uint16_t* sink[2];
@@ -156,22 +157,20 @@ __device__ __forceinline__ void write_row(const WriteParams& p, long long unit, 
   }
   if (!live) return;
   if (slot < 0) {
-    const int s = -slot - 1, page = s / p.block_size, ss = s % p.block_size;
-    const size_t e = ((static_cast<size_t>(page) * p.heads + head) * p.block_size + ss) * D;
-    store16_chunks<Format::kBf16, D, kFp32>(p.sink[kv], e, part, x);
+    const int page = cache::slot_page(slot, p.block_size), ss = cache::slot_in_page(slot, p.block_size);
+    store16_chunks<Format::kBf16, D, kFp32>(p.sink[kv], p.geom.elem_index(page, head, ss), part, x);
     return;
   }
   if constexpr (!kSinkOnly) {
-    const int page = slot / p.block_size, ss = slot % p.block_size;
-    const size_t head_row = (static_cast<size_t>(page) * p.heads + head) * p.block_size + ss;
+    const int page = cache::slot_page(slot, p.block_size), ss = cache::slot_in_page(slot, p.block_size);
     float scale = 1.f;
     if (per_token) {
       scale = device_scale_for_amax(F, amax);
-      if (part == 0) p.scales[kv][head_row] = scale;
+      if (part == 0) p.scales[kv][p.geom.scale_index(page, head, ss)] = scale;
     } else if (p.quantized) {
       scale = p.scales[kv][0];
     }
-    store_main_row<F, D, kFp32>(p, kv, head_row * D, part, x, scale);
+    store_main_row<F, D, kFp32>(p, kv, p.geom.elem_index(page, head, ss), part, x, scale);
   }
 }
 
@@ -281,7 +280,7 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
     if (!((breaks >> c) & 1ull)) continue;
     const int32_t slot = p.slots[i];
     if (slot < 0) continue;
-    const int page = slot / bs, slot0 = slot % bs;
+    const int page = cache::slot_page(slot, bs), slot0 = cache::slot_in_page(slot, bs);
     const unsigned long long later = breaks >> (c + 1);
     const int to_break = later ? __ffsll(static_cast<long long>(later)) : 64 - c;
     const int len = min(min(to_break, bs - slot0), p.n - i);
@@ -304,7 +303,8 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
       }
     }
     amax = group_max(amax, 32);
-    const size_t ph = static_cast<size_t>(page) * p.heads + head;
+    // The amax plane is indexed like the per_block_head scale plane ([page][head]).
+    const size_t ph = p.geom.scale_index(page, head, 0);
     float scale;
     float* amax_slot = p.amax[kv] + ph;
     float* scale_slot = p.scales[kv] + ph;
@@ -323,7 +323,7 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
 #pragma unroll
           for (int q = 0; q < kMaxPass; ++q) {
             const int rr = c0 + r + q * kRowsPerPass;
-            if (rr < slot0) codes[q] = *reinterpret_cast<const uint4*>(p.codes[kv] + (ph * bs + rr) * D + part * 16);
+            if (rr < slot0) codes[q] = *reinterpret_cast<const uint4*>(p.codes[kv] + p.geom.elem_index(page, head, rr) + part * 16);
           }
 #pragma unroll
           for (int q = 0; q < kMaxPass; ++q) {
@@ -333,7 +333,7 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
               float x[16];
 #pragma unroll
               for (int e = 0; e < 16; ++e) x[e] = dequant1<F>((w[e / 4] >> (8 * (e % 4))) & 0xffu, old_scale);
-              *reinterpret_cast<uint4*>(p.codes[kv] + (ph * bs + rr) * D + part * 16) = quantize16<F>(x, scale);
+              *reinterpret_cast<uint4*>(p.codes[kv] + p.geom.elem_index(page, head, rr) + part * 16) = quantize16<F>(x, scale);
             }
           }
         }
@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
         if (rr < len) {
           float x[16];
           unpack<kFp32>(raw[q], x);
-          store_main_row<F, D, kFp32>(p, kv, (ph * bs + slot0 + rr) * D, part, x, scale);
+          store_main_row<F, D, kFp32>(p, kv, p.geom.elem_index(page, head, slot0 + rr), part, x, scale);
         }
       }
     }
@@ -469,6 +469,7 @@ Status run(const WriteArgs& a, void* workspace, CUstream_st* stream) {
   const bool per_block = g.has_scales() && g.granularity == ScaleGranularity::kPerBlockHead;
   if (per_tensor && workspace == nullptr) return invalid_argument("cuda write: per_tensor needs workspace_size() bytes of workspace");
   detail::WriteParams p{};
+  p.geom = g;
   p.codes[0] = a.layer.k_codes, p.codes[1] = a.layer.v_codes;
   p.scales[0] = a.layer.k_scales, p.scales[1] = a.layer.v_scales;
   p.sink[0] = a.layer.k_sink, p.sink[1] = a.layer.v_sink;

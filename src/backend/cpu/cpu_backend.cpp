@@ -102,7 +102,8 @@ Status CpuBackend::can_implement(const GemmArgs& a) const {
   KVQ_RETURN_IF_ERROR(check_matrix(a.w, "gemm"));
   if (a.x == nullptr || a.y == nullptr || a.rows < 0) return invalid_argument("gemm: null operand or negative rows");
   if (a.beta != 0.f && a.beta != 1.f) return invalid_argument("gemm: beta must be 0 or 1");
-  if (a.w.dtype != DType::kF32) return unsupported("cpu backend: gemm multiplies fp32 weights (load with weights fp32)");
+  if (a.w.dtype != DType::kF32 && a.w.dtype != DType::kBf16)
+    return unsupported("cpu backend: gemm weights must be fp32 or bf16");
   return Status::ok();
 }
 size_t CpuBackend::workspace_size(const GemmArgs&) const { return 0; }
@@ -111,10 +112,21 @@ Status CpuBackend::run(const GemmArgs& a) {
   if (a.rows == 0) return Status::ok();
   const int out = a.w.rows, in = a.w.cols;
   const auto* w = static_cast<const float*>(a.w.data);
+  const float* x = a.x;
+  if (a.w.dtype == DType::kBf16) {
+    // bf16 operands with fp32 accumulation, as the seam allows (and as GPU bf16 GEMMs compute): the
+    // weights widened exactly, x rounded to bf16. A reference path, not a fast one.
+    const auto* wb = static_cast<const uint16_t*>(a.w.data);
+    gemm_w_.resize(static_cast<size_t>(out) * in);
+    for (size_t i = 0; i < gemm_w_.size(); ++i) gemm_w_[i] = format::bf16_to_float(wb[i]);
+    gemm_x_.resize(static_cast<size_t>(a.rows) * in);
+    for (size_t i = 0; i < gemm_x_.size(); ++i) gemm_x_[i] = format::bf16_to_float(format::float_to_bf16(a.x[i]));
+    w = gemm_w_.data(), x = gemm_x_.data();
+  }
   if (a.rows == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.f, w, in, a.x, 1, a.beta, a.y, 1);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.f, w, in, x, 1, a.beta, a.y, 1);
   } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, a.rows, out, in, 1.f, a.x, in, w, in, a.beta, a.y, out);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, a.rows, out, in, 1.f, x, in, w, in, a.beta, a.y, out);
   }
   return Status::ok();
 }
@@ -225,6 +237,31 @@ Status CpuBackend::can_implement(const CacheWriteArgs& a) const {
   for (int i = 0; i < a.num_spans; ++i)
     if (a.spans[i].n < 0 || a.spans[i].row0 < 0 || a.spans[i].row0 + a.spans[i].n > a.rows)
       return invalid_argument("cache write: span " + std::to_string(i) + " outside the rows");
+  // The CPU stores through `book`, but other backends write where slot_mapping says: as the
+  // reference, check that it agrees with the block tables (layout.h), so a wrong mapping fails on
+  // the CPU too instead of only on the device.
+  if (a.rows > 0 && a.slot_mapping == nullptr) return invalid_argument("cache write: null slot mapping");
+  const int bs = a.book->geometry().block_size;
+  for (int i = 0; i < a.num_spans; ++i) {
+    const WriteSpan& s = a.spans[i];
+    if (!a.book->has_sequence(s.seq)) return invalid_argument("cache write: unknown sequence " + std::to_string(s.seq));
+    if (s.pos0 < 0 || s.pos0 + s.n > a.book->seq_len(s.seq))
+      return invalid_argument("cache write: span " + std::to_string(i) + " writes tokens not reserved by extend()");
+    const int cap = a.book->sink_capacity(s.seq);
+    const auto& blocks = a.book->block_table(s.seq);
+    const auto& sinks = a.book->sink_table(s.seq);
+    for (int t = 0; t < s.n; ++t) {
+      const int pos = s.pos0 + t;
+      const int32_t want = pos < cap ? cache::encode_sink_slot(sinks[static_cast<size_t>(pos / bs)], pos % bs, bs)
+                                     : cache::encode_main_slot(blocks[static_cast<size_t>((pos - cap) / bs)],
+                                                               (pos - cap) % bs, bs);
+      if (a.slot_mapping[s.row0 + t] != want)
+        return invalid_argument("cache write: slot_mapping[" + std::to_string(s.row0 + t) + "] is " +
+                                std::to_string(a.slot_mapping[s.row0 + t]) + " but the block tables put token " +
+                                std::to_string(pos) + " of sequence " + std::to_string(s.seq) + " at " +
+                                std::to_string(want));
+    }
+  }
   return Status::ok();
 }
 size_t CpuBackend::workspace_size(const CacheWriteArgs&) const { return 0; }

@@ -1,5 +1,7 @@
 #pragma once
 // The CPU reference backend (private header: the engine reaches it through backend::create_backend).
+#include <vector>
+
 #include "kvq/backend/backend.h"
 
 namespace kvq::backend {
@@ -33,6 +35,9 @@ class CpuBackend final : public Backend {
   KVQ_CPU_OP(PrefillArgs)
   KVQ_CPU_OP(SampleArgs)
 #undef KVQ_CPU_OP
+
+ private:
+  std::vector<float> gemm_w_, gemm_x_;  // bf16 GEMM: widened weights, bf16-rounded x
 };
 
 }  // namespace kvq::backend

@@ -8,6 +8,7 @@
 // mid-page) and two pages. The bf16 baseline runs all six shapes.
 #include <algorithm>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,6 +47,13 @@ struct AttnCase {
     return o;
   }
 };
+
+// What gtest prints for GetParam() and what ctest lists: the case, not its raw bytes.
+inline void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << c.name() << " lens{";
+  for (size_t i = 0; i < c.lens.size(); ++i) *os << (i ? "," : "") << c.lens[i];
+  *os << "} seed " << c.seed;
+}
 
 // Ragged lengths that hit the edges: 1 token, exact page boundaries, the sink boundary (all sink,
 // one quantized token, one quantized page) and two longer random lengths.

@@ -46,7 +46,6 @@ struct DecodeBenchOptions {
   int block_size = 16;
   int sink_tokens = 256;  // quantized formats only; the bf16 baseline has no sink
   int force_splits = 0;
-  int variant = 0;        // DecodeOptions::variant
   uint64_t seed = 1;
   BenchTiming timing;
 };
@@ -55,7 +54,7 @@ struct DecodeBenchRow {
   DecodeShape shape;
   Format format = Format::kBf16;
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
-  int sink_tokens = 0, splits = 1, ctas_per_sm = 0, variant = 0;
+  int sink_tokens = 0, splits = 1, ctas_per_sm = 0;
   double us_median = 0, us_min = 0, us_max = 0;
   double kv_bytes = 0;        // codes + scales + sink read
   double tb_per_s = 0;        // kv_bytes / median

@@ -42,15 +42,10 @@ struct DecodePlan {
   int ctas_per_sm = 0;      // occupancy the plan assumed
   int max_tokens = 0;       // per sequence, from the table widths the plan was made for
   int max_blocks = 0, max_sink_blocks = 0, num_seqs = 0, num_q_heads = 0;  // what run() checks
-  int variant = 0;
 };
 
 struct DecodeOptions {
   int force_splits = 0;  // > 0: use exactly this many splits (tests, tuning); 0: choose
-  // Kernel variant, for measurements (docs/GPU_NOTES.md): 0 = default; 1 = 8-bit formats with
-  // head_dim <= 128 without the 128-register cap (3 instead of 4 CTAs per SM); 2 = loads through
-  // a cp.async shared-memory ring (8-bit, per-token/per-page scales, head_dim 64/128; else 0).
-  int variant = 0;
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).

@@ -46,9 +46,7 @@ struct WriteArgs {
   const int32_t* slot_mapping = nullptr;  // [num_tokens], device
 };
 
-// Encodes a main-pool / sink slot for slot_mapping.
-inline int32_t main_slot(int32_t page, int slot, int block_size) { return page * block_size + slot; }
-inline int32_t sink_slot(int32_t sink_page, int slot, int block_size) { return -(sink_page * block_size + slot) - 1; }
+// slot_mapping entries are encoded by cache::encode_main_slot / encode_sink_slot (cache/layout.h).
 
 Status can_implement(const WriteArgs& args);
 size_t workspace_size(const WriteArgs& args);  // small scratch for per_tensor, else 0

@@ -1,0 +1,198 @@
+// Batched decode of a real model through the backend seam (not a timed test): `batch` sequences
+// are prefilled to `ctx` tokens, then decoded greedily together, one token each per step, for every
+// cache spec. A step is Engine::forward_sample (the whole model, a CUDA graph on the cuda backend,
+// sampling on the backend, the ids back on the host), so its wall time is the step latency.
+// Reports the median step time after warm-up, tokens/s and each spec's step time relative to bf16.
+//
+//   kvq_engine_bench [--model smollm2] [--backend cuda] [--batch 64] [--ctx 8192] [--steps 32]
+//                    [--specs bf16,fp8,int8,fp8_fnuz,fp8:per_block_head] [--sink 256] [--json FILE]
+// Builds in every configuration (seam only); on the cpu backend use small shapes.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "kvq/backend/backend.h"
+#include "kvq/model/engine.h"
+#include "kvq/model/model.h"
+
+namespace {
+
+using namespace kvq;
+
+struct Opts {
+  std::string model = "smollm2", backend = "cuda", specs = "bf16,fp8,int8", json;
+  int batch = 64, ctx = 8192, steps = 32, warmup = 4, sink = 256;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Result<QuantSpec> parse_spec(const std::string& s, int sink) {
+  QuantSpec q;
+  q.block_size = 16;
+  const size_t colon = s.find(':');
+  const std::string f = s.substr(0, colon);
+  if (f == "bf16") q.format = Format::kBf16;
+  else if (f == "fp8" || f == "fp8_e4m3") q.format = Format::kFp8E4m3;
+  else if (f == "fp8_fnuz" || f == "fp8_e4m3_fnuz") q.format = Format::kFp8E4m3Fnuz;
+  else if (f == "int8") q.format = Format::kInt8;
+  else return invalid_argument("unknown cache dtype '" + f + "' (bf16, fp8, fp8_fnuz, int8)");
+  q.granularity = ScaleGranularity::kPerTokenHead;
+  if (colon != std::string::npos) {
+    const std::string g = s.substr(colon + 1);
+    if (g == "per_block_head") q.granularity = ScaleGranularity::kPerBlockHead;
+    else if (g == "per_tensor") q.granularity = ScaleGranularity::kPerTensor;
+    else if (g != "per_token_head") return invalid_argument("unknown granularity '" + g + "'");
+  }
+  // The bf16 cache is the baseline: no separate sink, as in `kvq eval`.
+  q.sink_tokens = q.format == Format::kBf16 ? 0 : sink;
+  return q;
+}
+
+struct Row {
+  std::string spec;
+  double prefill_s = 0, step_ms_median = 0, step_ms_min = 0, step_ms_max = 0, tokens_per_s = 0, ratio = 0;
+};
+
+int run(const Opts& o) {
+  auto kind = backend::resolve_backend(o.backend);
+  if (!kind.is_ok()) return std::fprintf(stderr, "--backend: %s\n", kind.status().to_string().c_str()), 2;
+  auto be = backend::create_backend(kind.value());
+  if (!be.is_ok()) return std::fprintf(stderr, "backend: %s\n", be.status().to_string().c_str()), 2;
+  auto path = model::resolve_model_path(o.model);
+  if (!path.is_ok()) return std::fprintf(stderr, "--model: %s\n", path.status().to_string().c_str()), 2;
+  auto m = model::Model::load(path.value());
+  if (!m.is_ok()) return std::fprintf(stderr, "load: %s\n", m.status().to_string().c_str()), 2;
+  const model::Model& model = *m.value();
+  const int V = model.config().vocab_size;
+  std::printf("engine %s | model %s | batch %d, context up to %d, %d timed steps after %d warm-up\n",
+              be.value()->describe().c_str(), model.config().name.c_str(), o.batch, o.ctx, o.steps, o.warmup);
+  // Prompt tokens: a fixed pseudo-random walk over the vocabulary (the speed does not depend on them).
+  std::vector<int32_t> prompt(static_cast<size_t>(o.ctx));
+  uint64_t x = 88172645463325252ull;
+  for (auto& t : prompt) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    t = static_cast<int32_t>(3 + x % static_cast<uint64_t>(V - 3));
+  }
+  std::vector<Row> rows;
+  size_t start = 0;
+  const std::string specs = o.specs + ",";
+  for (size_t comma; (comma = specs.find(',', start)) != std::string::npos; start = comma + 1) {
+    const std::string name = specs.substr(start, comma - start);
+    if (name.empty()) continue;
+    auto spec = parse_spec(name, o.sink);
+    if (!spec.is_ok()) return std::fprintf(stderr, "%s\n", spec.status().to_string().c_str()), 2;
+    model::EngineOptions eo;
+    eo.max_seqs = o.batch;
+    // The last timed step runs at context `ctx` (capped by the model's context length).
+    const int ctx = std::min(model.config().max_seq_len, o.ctx);
+    const int prefill = ctx - o.steps - o.warmup;
+    if (prefill < 1) return std::fprintf(stderr, "--ctx must exceed --steps + --warmup\n"), 2;
+    eo.max_tokens = ctx;
+    eo.chunk_tokens = 256;
+    eo.max_step_tokens = 4096;
+    auto e = model::Engine::create(model, spec.value(), *be.value(), eo);
+    if (!e.is_ok()) return std::fprintf(stderr, "%s: %s\n", name.c_str(), e.status().to_string().c_str()), 1;
+    model::Engine& eng = *e.value();
+    std::vector<cache::SeqId> seqs;
+    std::vector<model::SeqStep> steps;
+    for (int i = 0; i < o.batch; ++i) {
+      auto s = eng.add_sequence();
+      if (!s.is_ok()) return std::fprintf(stderr, "%s\n", s.status().to_string().c_str()), 1;
+      seqs.push_back(s.value());
+      steps.push_back({s.value(), prompt.data(), prefill, model::LogitsMode::kNone, nullptr});
+    }
+    Row r;
+    r.spec = name;
+    double t0 = now_s();
+    Status st = eng.forward(steps);
+    if (st.is_ok()) st = be.value()->synchronize();
+    if (!st.is_ok()) return std::fprintf(stderr, "%s prefill: %s\n", name.c_str(), st.to_string().c_str()), 1;
+    r.prefill_s = now_s() - t0;
+    // Greedy decode: contexts prefill + 1 .. ctx.
+    std::vector<int32_t> cur(static_cast<size_t>(o.batch), prompt[static_cast<size_t>(prefill)]), next(cur.size());
+    const std::vector<model::SampleParams> greedy(static_cast<size_t>(o.batch));
+    std::vector<double> ms;
+    for (int t = 0; t < o.warmup + o.steps; ++t) {
+      for (int i = 0; i < o.batch; ++i) steps[i] = {seqs[i], &cur[i], 1, model::LogitsMode::kNone, nullptr};
+      t0 = now_s();
+      st = eng.forward_sample(steps, greedy, next.data());
+      if (!st.is_ok()) return std::fprintf(stderr, "%s decode: %s\n", name.c_str(), st.to_string().c_str()), 1;
+      const double dt = (now_s() - t0) * 1e3;
+      if (t >= o.warmup) ms.push_back(dt);
+      cur = next;
+    }
+    std::sort(ms.begin(), ms.end());
+    r.step_ms_median = ms[ms.size() / 2];
+    r.step_ms_min = ms.front();
+    r.step_ms_max = ms.back();
+    r.tokens_per_s = o.batch / (r.step_ms_median * 1e-3);
+    rows.push_back(r);
+    std::printf("  %-22s prefill %7.2f s   step median %8.3f ms (min %.3f, max %.3f)   %9.0f tokens/s\n", name.c_str(),
+                r.prefill_s, r.step_ms_median, r.step_ms_min, r.step_ms_max, r.tokens_per_s);
+    std::fflush(stdout);
+  }
+  double base = 0;
+  for (const Row& r : rows)
+    if (r.spec == "bf16") base = r.step_ms_median;
+  std::printf("\n| spec | step ms (median) | tokens/s | step time vs bf16 |\n|---|---|---|---|\n");
+  for (Row& r : rows) {
+    r.ratio = base > 0 ? r.step_ms_median / base : 0;
+    std::printf("| %s | %.3f | %.0f | %.3f |\n", r.spec.c_str(), r.step_ms_median, r.tokens_per_s, r.ratio);
+  }
+  if (!o.json.empty()) {
+    std::ofstream f(o.json);
+    f << "{\n  \"engine\": \"" << be.value()->describe() << "\",\n  \"model\": \"" << model.config().name
+      << "\",\n  \"batch\": " << o.batch << ",\n  \"ctx\": " << o.ctx << ",\n  \"steps\": " << o.steps
+      << ",\n  \"warmup\": " << o.warmup << ",\n  \"sink_tokens\": " << o.sink << ",\n  \"rows\": [\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      f << "    {\"spec\": \"" << r.spec << "\", \"prefill_s\": " << r.prefill_s << ", \"step_ms_median\": "
+        << r.step_ms_median << ", \"step_ms_min\": " << r.step_ms_min << ", \"step_ms_max\": " << r.step_ms_max
+        << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"step_vs_bf16\": " << r.ratio << "}"
+        << (i + 1 < rows.size() ? ",\n" : "\n");
+    }
+    f << "  ]\n}\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Opts o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--model") o.model = val();
+    else if (a == "--backend") o.backend = val();
+    else if (a == "--specs") o.specs = val();
+    else if (a == "--json") o.json = val();
+    else if (a == "--batch") o.batch = std::atoi(val().c_str());
+    else if (a == "--ctx") o.ctx = std::atoi(val().c_str());
+    else if (a == "--steps") o.steps = std::atoi(val().c_str());
+    else if (a == "--warmup") o.warmup = std::atoi(val().c_str());
+    else if (a == "--sink") o.sink = std::atoi(val().c_str());
+    else {
+      std::fprintf(stderr, "unknown argument %s (see the header of bench/engine_decode.cpp)\n", a.c_str());
+      return 2;
+    }
+  }
+  if (o.batch < 1 || o.ctx < 2 || o.steps < 1 || o.warmup < 3) {
+    std::fprintf(stderr, "need --batch >= 1, --ctx >= 2, --steps >= 1, --warmup >= 3 (eager, capture, replay)\n");
+    return 2;
+  }
+  return run(o);
+}

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# One GPU session for the CUDA backend / engine (issue 7): backend tests, compute-sanitizer on a small
+# engine test, CUDA-vs-CPU evals (stories260K, SmolLM2) and the batched engine decode benchmark.
+# Logs and JSON go to $OUT; a short table is printed last.
+#
+#   scripts/device_engine.sh pack BUILD_DIR   (build machine) stripped, zstd-compressed binaries and
+#                                             the non-CUDA shared libraries they need -> .device/
+#                                             (the GPU image brings its own CUDA runtime and cuBLAS)
+#   scripts/device_engine.sh run              (GPU machine) unpack .device/, run KVQ_STEPS
+#
+# Inputs on the GPU machine (carried): MODELS_DIR (default ../.gpu-model) with stories260K/, the eval
+# text pydoc_topics.txt and SmolLM2 as SmolLM2.part* pieces (the carry limit is below the file size;
+# pieces may arrive in different calls while the machine stays warm, see PIECES_DIRS). Environment: OUT, KVQ_STEPS (default
+# "tests sanitize stories smolcuda smolcpu bench").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode="${1:-run}"
+
+if [[ $mode == pack ]]; then
+  build="${2:?usage: device_engine.sh pack BUILD_DIR}"
+  rm -rf .device && mkdir -p .device/bin .device/lib
+  for b in kvq tests/test_backend tests/test_attention_cuda bench/kvq_engine_bench; do
+    [[ -n ${PACK_ONLY:-} && " $PACK_ONLY " != *" $(basename "$b") "* ]] && continue
+    [[ -x $build/$b ]] && cp "$build/$b" .device/bin/ && strip -s ".device/bin/$(basename "$b")"
+  done
+  ldd .device/bin/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
+    grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so|libcu' |
+    while read -r lib; do cp -L "$lib" .device/lib/; done
+  gzip -9 .device/bin/* .device/lib/*  # the GPU image has no zstd
+  du -sh .device
+  exit 0
+fi
+
+OUT_FINAL="${OUT:-$PWD/device-out}"
+OUT=/tmp/kvq-out  # everything goes here; at the end one archive + the summary go to $OUT_FINAL
+MODELS_DIR="${MODELS_DIR:-$PWD/../.gpu-model-a}"
+rm -rf "$OUT" && mkdir -p "$OUT" "$OUT_FINAL"
+steps="${KVQ_STEPS:-tests sanitize stories smol bench}"
+summary="$OUT/summary.txt"
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+
+rm -rf /tmp/kvq-bin && mkdir -p /tmp/kvq-bin/bin /tmp/kvq-bin/lib
+for f in .device/bin/*.gz; do gunzip -c "$f" >"/tmp/kvq-bin/bin/$(basename "$f" .gz)"; done
+for f in .device/lib/*.gz; do [[ -e $f ]] && gunzip -c "$f" >"/tmp/kvq-bin/lib/$(basename "$f" .gz)"; done
+chmod +x /tmp/kvq-bin/bin/*
+cudalib=$(dirname "$(find / -name 'libcublas.so.13*' -path '*cuda*' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${cudalib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+B=/tmp/kvq-bin/bin
+note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null); cuBLAS from $cudalib"
+ldd $B/kvq | grep -E 'not found|cublas|cudart' | tee -a "$OUT/env.txt"
+
+# stories260K where the binaries look for it (KVQ_SOURCE_DIR/../shared/models, baked at build time).
+src_dir="${KVQ_BUILT_SOURCE_DIR:-/work/wt-cuda}"  # KVQ_SOURCE_DIR of the build
+mkdir -p "$src_dir" "$(dirname "$src_dir")/shared/models" && cp -r "$MODELS_DIR/stories260K" "$(dirname "$src_dir")/shared/models/"
+# SmolLM2 from its pieces (PIECES_DIRS: folders that hold SmolLM2.part*, possibly left by an earlier call).
+export KVQ_CACHE_DIR=/tmp/kvq-cache
+mkdir -p $KVQ_CACHE_DIR
+smol=$KVQ_CACHE_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
+if [[ ! -s $smol ]]; then
+  parts=""
+  for d in ${PIECES_DIRS:-$PWD/../.gpu-model-a $PWD/../.gpu-model-b}; do parts="$parts $(ls "$d"/SmolLM2.part* 2>/dev/null)"; done
+  [[ -n $parts ]] && cat $parts >"$smol"
+fi
+if [[ -s $smol ]] && [[ -f $MODELS_DIR/SmolLM2.sha256 ]] && [[ $(sha256sum "$smol" | cut -c1-64) == $(cut -c1-64 "$MODELS_DIR/SmolLM2.sha256") ]]; then
+  note "smollm2: assembled, sha256 ok"
+else
+  note "smollm2: not available (pieces missing or checksum mismatch)"; rm -f "$smol"
+fi
+text="$MODELS_DIR/pydoc_topics.txt"
+
+export KVQ_EVAL_TEXT="$MODELS_DIR/pydoc_topics.txt"  # SmolLM2 tests of test_backend
+if [[ $steps == *tests* ]]; then
+  for t in test_backend test_attention_cuda; do
+    [[ -x $B/$t ]] || continue
+    timeout 400 $B/$t --gtest_brief=0 --gtest_filter="${GTEST_FILTER:-*}" >"$OUT/$t.log" 2>&1
+    note "$t: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/$t.log" | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' "$OUT/$t.log" | head -20 | tee -a "$summary"
+  done
+  grep -E '^\[ (logits|planes|greedy|smollm2) \]' "$OUT/test_backend.log" | tee -a "$summary"
+fi
+
+if [[ $steps == *sanitize* ]]; then
+  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_backend \
+    --gtest_filter='CudaBackendWrite.*:CudaBackendSample.*:CudaEngineStories.GreedyGenerationIdenticalForBf16Cache' \
+    >"$OUT/sanitizer.log" 2>&1
+  note "compute-sanitizer memcheck (write, sample, stories greedy engine): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+fi
+
+# eval NAME BACKEND ARGS...: timed kvq eval, JSON to $OUT/eval_NAME_BACKEND.json
+run_eval() {
+  local name=$1 be=$2; shift 2
+  local t0=$(date +%s.%N)
+  timeout 500 $B/kvq eval --backend "$be" --quiet --markdown --json "$OUT/eval_${name}_${be}.json" "$@" >"$OUT/eval_${name}_${be}.log" 2>&1
+  local rc=$? t1=$(date +%s.%N)
+  note "eval $name --backend $be: rc=$rc wall $(awk "BEGIN{printf \"%.1f\", $t1 - $t0}") s"
+  cat "$OUT/eval_${name}_${be}.log" | grep -E '^\||engine|model|text' | head -20 >>"$summary"
+}
+
+if [[ $steps == *stories* ]]; then
+  for be in cuda cpu; do
+    run_eval stories "$be" --model stories260K --text "$MODELS_DIR/stories260K/tinystories_valid_head.txt" --ctx 512 \
+      --max-windows 4 --kv-cache-dtype bf16,fp8,fp8_fnuz,int8 --kv-scale-granularity per_token_head,per_block_head --kv-sink-tokens 16
+  done
+fi
+
+has() { [[ " $steps " == *" $1 "* ]]; }
+if [[ -s $smol ]]; then
+  # The main job's eval (scripts/run.sh), then all four formats x both granularities; the CUDA runs
+  # also with fp32 weights (the CPU engine's), which isolates the backends' rounding.
+  for be in cuda cpu; do
+    has "smol$be" || continue
+    run_eval mainjob "$be" --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
+      --kv-cache-dtype bf16,fp8,fp8_fnuz,int8,fp8:per_tensor --gate 3%
+    run_eval grid "$be" --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
+      --kv-cache-dtype bf16,fp8,fp8_fnuz,int8 --kv-scale-granularity per_token_head,per_block_head
+    if [[ $be == cuda ]]; then
+      run_eval mainjob_w32 "$be" --weights fp32 --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
+        --kv-cache-dtype bf16,fp8,fp8_fnuz,int8,fp8:per_tensor --gate 3%
+      run_eval grid_w32 "$be" --weights fp32 --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
+        --kv-cache-dtype bf16,fp8,fp8_fnuz,int8 --kv-scale-granularity per_token_head,per_block_head
+    fi
+  done
+fi
+
+if [[ $steps == *bench* ]] && [[ -s $smol ]]; then
+  timeout 400 $B/kvq_engine_bench --model smollm2 --backend cuda --batch 64 --ctx 8192 --steps 32 \
+    --specs "${BENCH_SPECS:-bf16,fp8,int8,fp8_fnuz}" --json "$OUT/bench_engine.json" >"$OUT/bench_engine.log" 2>&1
+  note "bench engine: rc=$?"
+  cat "$OUT/bench_engine.log" >>"$summary"
+fi
+
+tar czf "$OUT_FINAL/logs.tgz" -C "$OUT" . && cp "$summary" "$OUT_FINAL/"
+echo
+cat "$summary"

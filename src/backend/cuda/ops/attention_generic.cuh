@@ -1,0 +1,300 @@
+#pragma once
+// Generic CUDA attention paths of the backend, for shapes the fast kernels of attention/cuda do not
+// take (head_dim other than 64/128/256, e.g. stories260K's 8; block sizes other than 16/32):
+//   generic_write_kernel    quantize-on-write, the host cache's rules (PagedKvCache::write) with the
+//                           same device codecs as the fast writer, so codes and scales match the CPU's.
+//   generic_attend_kernel   decode or causal prefill in fp32 (online softmax), K/V tiles dequantized
+//                           once per CTA into shared memory through the same codecs (decode_byte).
+// And, for the fast path, the expansion of one prefill sequence into n_q virtual decode sequences.
+// These favour simplicity over speed: they serve small models and odd shapes.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "attention/cuda/write_codec.cuh"
+#include "kvq/cache/layout.h"
+#include "kvq/format/bf16.h"
+#include "kvq/format/format.h"
+
+namespace kvq::backend::cuda_ops {
+
+using attention::cuda::detail::device_scale_for_amax;
+using attention::cuda::detail::finite_abs;
+
+constexpr int kMaxGenericHeadDim = 256;
+
+struct GenericWriteParams {
+  cache::CacheGeometry geom;
+  cache::LayerView layer;
+  float* amax[2];     // per_block_head bookkeeping planes (k, v)
+  const float* in[2];  // [n][heads][head_dim] fp32
+  const int32_t* slots;
+  int n;
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Amax of one input row (finite values only), reduced over the warp.
+__device__ __forceinline__ float row_amax(const float* row, int d) {
+  float a = 0.f;
+  for (int i = threadIdx.x; i < d; i += 32) a = fmaxf(a, finite_abs(row[i]));
+  return warp_max(a);
+}
+
+// quant::quantize_row of one row of d values into element `elem` of a codes plane.
+__device__ __forceinline__ void store_row(Format f, uint8_t* codes, size_t elem, const float* x, int d, float scale) {
+  for (int i = threadIdx.x; i < d; i += 32) {
+    const float v = x[i];
+    if (f == Format::kBf16) {
+      reinterpret_cast<uint16_t*>(codes)[elem + i] = attention::cuda::detail::store16<Format::kBf16>(v);
+    } else if (f == Format::kFp16) {
+      reinterpret_cast<uint16_t*>(codes)[elem + i] = attention::cuda::detail::store16<Format::kFp16>(v);
+    } else {
+      codes[elem + i] = isfinite(v) ? encode_byte(f, __fdiv_rn(v, scale)) : uint8_t{0};
+    }
+  }
+}
+
+// One warp per K|V (blockIdx.x), walking heads and tokens in order: the host cache's write, run by
+// run (a run = consecutive tokens of the call in one main page).
+__global__ void __launch_bounds__(32) generic_write_kernel(const GenericWriteParams p) {
+  const int kv = blockIdx.x;
+  const cache::CacheGeometry& g = p.geom;
+  const int d = g.head_dim, heads = g.num_kv_heads, bs = g.block_size;
+  const Format f = g.format;
+  const bool quantized = g.has_scales();
+  uint8_t* codes = kv == 0 ? p.layer.k_codes : p.layer.v_codes;
+  float* scales = kv == 0 ? p.layer.k_scales : p.layer.v_scales;
+  uint16_t* sink = kv == 0 ? p.layer.k_sink : p.layer.v_sink;
+  const float* in = p.in[kv];
+  auto row = [&](int t, int h) { return in + (size_t(t) * heads + h) * d; };
+
+  // per_tensor: the first write reaching the main pool fixes the layer scale (0 = not yet set).
+  if (quantized && g.granularity == ScaleGranularity::kPerTensor && scales[0] == 0.f) {
+    float amax = 0.f;
+    bool any = false;
+    for (int t = 0; t < p.n; ++t) {
+      if (cache::slot_is_sink(p.slots[t])) continue;
+      any = true;
+      for (int h = 0; h < heads; ++h) amax = fmaxf(amax, row_amax(row(t, h), d));
+    }
+    __syncwarp();
+    if (any && threadIdx.x == 0) scales[0] = device_scale_for_amax(f, amax);
+    __syncwarp();
+  }
+
+  for (int h = 0; h < heads; ++h) {
+    for (int t = 0; t < p.n;) {
+      const int32_t s = p.slots[t];
+      const int page = cache::slot_page(s, bs), slot = cache::slot_in_page(s, bs);
+      if (cache::slot_is_sink(s)) {
+        store_row(Format::kBf16, reinterpret_cast<uint8_t*>(sink), g.elem_index(page, h, slot), row(t, h), d, 1.f);
+        ++t;
+        continue;
+      }
+      if (!quantized || g.granularity == ScaleGranularity::kPerTensor) {
+        store_row(f, codes, g.elem_index(page, h, slot), row(t, h), d, quantized ? scales[0] : 1.f);
+        ++t;
+        continue;
+      }
+      if (g.granularity == ScaleGranularity::kPerTokenHead) {
+        const float scale = device_scale_for_amax(f, row_amax(row(t, h), d));
+        if (threadIdx.x == 0) scales[g.scale_index(page, h, slot)] = scale;
+        store_row(f, codes, g.elem_index(page, h, slot), row(t, h), d, scale);
+        ++t;
+        continue;
+      }
+      // per_block_head: the run of this page's tokens starting at t.
+      int len = 1;
+      while (t + len < p.n && slot + len < bs) {
+        const int32_t s2 = p.slots[t + len];
+        if (cache::slot_is_sink(s2) || cache::slot_page(s2, bs) != page) break;
+        ++len;
+      }
+      float amax = 0.f;
+      for (int r = 0; r < len; ++r) amax = fmaxf(amax, row_amax(row(t + r, h), d));
+      const size_t si = g.scale_index(page, h, 0);
+      float* amax_slot = p.amax[kv] + si;
+      float scale = scales[si];
+      if (slot == 0) {  // a fresh page head
+        scale = device_scale_for_amax(f, amax);
+        __syncwarp();
+        if (threadIdx.x == 0) *amax_slot = amax, scales[si] = scale;
+      } else if (amax > *amax_slot) {
+        // The page head's scale grows: re-quantize its earlier slots (dequantize with the old scale).
+        const float grown = device_scale_for_amax(f, amax);
+        for (int r = 0; r < slot; ++r) {
+          const size_t e = g.elem_index(page, h, r);
+          for (int i = threadIdx.x; i < d; i += 32) {
+            const float x = kvq::decode_byte(f, codes[e + i]) * scale;
+            codes[e + i] = isfinite(x) ? encode_byte(f, __fdiv_rn(x, grown)) : uint8_t{0};
+          }
+        }
+        scale = grown;
+        __syncwarp();
+        if (threadIdx.x == 0) *amax_slot = amax, scales[si] = grown;
+      }
+      __syncwarp();
+      for (int r = 0; r < len; ++r) store_row(f, codes, g.elem_index(page, h, slot + r), row(t + r, h), d, scale);
+      t += len;
+    }
+  }
+}
+
+struct GenericAttendParams {
+  cache::CacheGeometry geom;
+  cache::LayerView layer;
+  cache::BatchTablesView tables;
+  const float* q;  // [rows][num_q_heads][head_dim]
+  float* out;
+  float* lse;      // optional [rows][num_q_heads]
+  int rows, num_q_heads;
+  float softmax_scale;
+  int prefill_pos0;  // < 0: decode (row r = sequence r); else causal prefill of sequence 0
+};
+
+// Where token j of one kv head lives: element index of its dim 0 in the sink or the codes plane
+// and its K and V scales (1 for sink and 16-bit tokens). Looked up once per token.
+struct TokRef {
+  unsigned long long elem;
+  float ks, vs;
+  int sink;
+};
+
+template <Format F>
+__device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq, int j, int sink_len, int kvh) {
+  const cache::CacheGeometry& g = p.geom;
+  const int bs = g.block_size;
+  if (j < sink_len) {
+    const int page = p.tables.sink_tables[size_t(seq) * p.tables.max_sink_blocks + j / bs];
+    return {g.elem_index(page, kvh, j % bs), 1.f, 1.f, 1};
+  }
+  const int u = j - sink_len;
+  const int page = p.tables.block_tables[size_t(seq) * p.tables.max_blocks + u / bs], slot = u % bs;
+  TokRef t{g.elem_index(page, kvh, slot), 1.f, 1.f, 0};
+  if constexpr (F != Format::kBf16 && F != Format::kFp16) {
+    const size_t si = g.scale_index(page, kvh, slot);  // per_tensor: 0
+    t.ks = p.layer.k_scales[si];
+    t.vs = p.layer.v_scales[si];
+  }
+  return t;
+}
+
+// Element i of a token, dequantized as the host's dequantize_row does (code value * scale).
+template <Format F>
+__device__ __forceinline__ float tok_value(const GenericAttendParams& p, bool is_v, const TokRef& t, int i) {
+  if (t.sink) return format::bf16_to_float((is_v ? p.layer.v_sink : p.layer.k_sink)[t.elem + i]);
+  const uint8_t* c = is_v ? p.layer.v_codes : p.layer.k_codes;
+  if constexpr (F == Format::kBf16) return format::bf16_to_float(reinterpret_cast<const uint16_t*>(c)[t.elem + i]);
+  else if constexpr (F == Format::kFp16) return format::fp16_to_float(reinterpret_cast<const uint16_t*>(c)[t.elem + i]);
+  else return kvq::decode_byte(F, c[t.elem + i]) * (is_v ? t.vs : t.ks);
+}
+
+constexpr int kAttendTile = 32;         // tokens per shared-memory tile
+constexpr int kAttendHeadsPerCta = 8;   // query heads of one kv head per CTA (one warp each)
+
+// CTA = (kv head x group of <= 8 of its query heads, query row); warp w = one query head. Per tile
+// of 32 tokens, all warps load and dequantize the K rows once into shared memory (coalesced; rows
+// padded to D + 1 floats so lane t reading row t hits distinct banks), lane t computes token t's
+// logit for its warp's head, then the V rows replace K and every lane accumulates its own head
+// dims (l, l + 32, ...). All arithmetic in fp32 with an online softmax, as the CPU reference.
+template <Format F>
+__global__ void __launch_bounds__(32 * kAttendHeadsPerCta) generic_attend_kernel(const GenericAttendParams p) {
+  constexpr int kDimsPerLane = kMaxGenericHeadDim / 32;
+  __shared__ float tile[kAttendTile * (kMaxGenericHeadDim + 1)];
+  __shared__ float qs[kAttendHeadsPerCta][kMaxGenericHeadDim];
+  __shared__ TokRef refs[kAttendTile];
+  const cache::CacheGeometry& g = p.geom;
+  const int d = g.head_dim, ld = d + 1;
+  const int group = p.num_q_heads / g.num_kv_heads;
+  const int head_groups = (group + kAttendHeadsPerCta - 1) / kAttendHeadsPerCta;
+  const int kvh = blockIdx.x / head_groups, hg = blockIdx.x % head_groups;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = blockIdx.y;
+  const int hq = kvh * group + hg * kAttendHeadsPerCta + warp;
+  const bool active = hg * kAttendHeadsPerCta + warp < group;  // idle warps still load and sync
+  const bool prefill = p.prefill_pos0 >= 0;
+  const int seq = prefill ? 0 : r;
+  const int len = prefill ? p.prefill_pos0 + r + 1 : p.tables.seq_lens[r];
+  const int sink_len = min(max(p.tables.sink_lens[seq], 0), max(len, 0));
+  if (active) {
+    const float* q = p.q + (size_t(r) * p.num_q_heads + hq) * d;
+    for (int i = lane; i < d; i += 32) qs[warp][i] = q[i];
+  }
+
+  constexpr float kNegInf = -__builtin_huge_valf();
+  float m = kNegInf, l = 0.f, acc[kDimsPerLane];
+#pragma unroll
+  for (int k = 0; k < kDimsPerLane; ++k) acc[k] = 0.f;
+  auto load_tile = [&](bool is_v, int n) {
+    for (int idx = threadIdx.x; idx < n * d; idx += blockDim.x) {
+      const int t = idx / d, i = idx - t * d;
+      tile[t * ld + i] = tok_value<F>(p, is_v, refs[t], i);
+    }
+  };
+  for (int c = 0; c < len; c += kAttendTile) {
+    const int n = min(kAttendTile, len - c);
+    if (threadIdx.x < n) refs[threadIdx.x] = tok_ref<F>(p, seq, c + threadIdx.x, sink_len, kvh);
+    __syncthreads();
+    load_tile(false, n);
+    __syncthreads();
+    float s = kNegInf;
+    if (active && lane < n) {
+      float dot = 0.f;
+      for (int i = 0; i < d; ++i) dot = fmaf(qs[warp][i], tile[lane * ld + i], dot);
+      s = dot * p.softmax_scale;
+    }
+    const float m_new = fmaxf(m, warp_max(s));
+    const float alpha = m == kNegInf ? 0.f : expf(m - m_new);
+    const float pj = lane < n && active ? expf(s - m_new) : 0.f;
+    l = l * alpha + warp_sum(pj);
+    m = m_new;
+    __syncthreads();  // K reads done
+    load_tile(true, n);
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kDimsPerLane; ++k) acc[k] *= alpha;
+    for (int jj = 0; jj < n; ++jj) {
+      const float w = __shfl_sync(0xffffffffu, pj, jj);
+#pragma unroll
+      for (int k = 0; k < kDimsPerLane; ++k) {
+        const int i = lane + 32 * k;
+        if (i < d) acc[k] = fmaf(w, tile[jj * ld + i], acc[k]);
+      }
+    }
+    __syncthreads();  // V reads done before the next tile
+  }
+  if (!active) return;
+  float* o = p.out + (size_t(r) * p.num_q_heads + hq) * d;
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+  for (int k = 0; k < kDimsPerLane; ++k) {
+    const int i = lane + 32 * k;
+    if (i < d) o[i] = acc[k] * inv;
+  }
+  if (p.lse != nullptr && lane == 0) p.lse[size_t(r) * p.num_q_heads + hq] = l > 0.f ? m + logf(l) : kNegInf;
+}
+
+// Prefill through the decode kernel: query i of the chunk becomes a sequence of length
+// q_pos0 + i + 1 (its causal prefix) sharing sequence 0's tables. Out: [n_q] lens, [n_q] sink lens,
+// [n_q][max_blocks], [n_q][max_sink_blocks].
+__global__ void expand_prefill_tables_kernel(cache::BatchTablesView t, int n_q, int q_pos0, int32_t* lens,
+                                             int32_t* sink_lens, int32_t* blocks, int32_t* sink_blocks) {
+  const int i = blockIdx.x;
+  const int len = q_pos0 + i + 1;
+  if (threadIdx.x == 0) {
+    lens[i] = len;
+    sink_lens[i] = min(max(t.sink_lens[0], 0), len);
+  }
+  for (int b = threadIdx.x; b < t.max_blocks; b += blockDim.x) blocks[size_t(i) * t.max_blocks + b] = t.block_tables[b];
+  for (int b = threadIdx.x; b < t.max_sink_blocks; b += blockDim.x)
+    sink_blocks[size_t(i) * t.max_sink_blocks + b] = t.sink_tables[b];
+}
+
+}  // namespace kvq::backend::cuda_ops

@@ -1,0 +1,225 @@
+// Scheduler: admission by pages, preemption by recompute under a tiny pool, cancellation, and
+// outputs identical to the same prompt run alone (greedy and seeded sampling).
+#include "kvq/serve/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "serve/serve_test_util.h"
+
+namespace kvq::serve {
+namespace {
+
+using testing::prompt_ids;
+using testing::run_alone;
+using testing::spec;
+using testing::stories;
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  Finish finish = Finish::kNone;
+  int done_events = 0;
+};
+
+struct Harness {
+  std::unique_ptr<backend::Backend> be;
+  std::unique_ptr<model::Engine> engine;
+  std::unique_ptr<Scheduler> sched;
+  std::map<RequestId, Outcome> out;
+
+  Harness(const QuantSpec& s, int max_seqs, int num_pages, int num_sink_pages = 0, SchedulerOptions so = {}) {
+    be = std::move(backend::create_backend(backend::BackendKind::kCpu).value());
+    model::EngineOptions eo;
+    eo.max_seqs = max_seqs;
+    eo.num_pages = num_pages;
+    eo.batch_invariant = true;  // bit-identical to the same prompt run alone
+    eo.num_sink_pages = num_sink_pages;
+    auto e = model::Engine::create(stories(), s, *be, eo);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    engine = std::move(e).value();
+    auto sc = Scheduler::create(*engine, so);
+    EXPECT_TRUE(sc.is_ok()) << sc.status().to_string();
+    sched = std::move(sc).value();
+  }
+  RequestId add(const std::vector<int32_t>& prompt, SamplingParams p) {
+    auto holder = std::make_shared<RequestId>(0);
+    auto id = sched->submit(prompt, p, [this, holder](const Event& e) {
+      Outcome& o = out[*holder];
+      if (e.token >= 0) o.tokens.push_back(e.token);
+      if (e.done) {
+        o.finish = e.finish;
+        ++o.done_events;
+      }
+    });
+    EXPECT_TRUE(id.is_ok()) << id.status().to_string();
+    *holder = id.value();
+    return id.value();
+  }
+  void drain(int max_steps = 100000) {
+    for (int i = 0; i < max_steps && !sched->idle(); ++i) {
+      auto r = sched->step();
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    }
+    ASSERT_TRUE(sched->idle());
+  }
+};
+
+TEST(Scheduler, GreedyBatchedEqualsAlone) {
+  const QuantSpec s = spec(Format::kInt8, 32);
+  Harness h(s, 8, 0);
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(prompt_ids(i, 20 + 37 * i));  // 20 .. 279 tokens: several prefill chunks
+    SamplingParams p;
+    p.max_tokens = 40;
+    ids.push_back(h.add(prompts.back(), p));
+  }
+  h.drain();
+  for (int i = 0; i < 8; ++i) {
+    const Outcome& o = h.out[ids[size_t(i)]];
+    EXPECT_EQ(o.done_events, 1);
+    EXPECT_TRUE(o.finish == Finish::kLength || o.finish == Finish::kStop);
+    EXPECT_EQ(o.tokens, run_alone(s, prompts[size_t(i)], 40)) << "request " << i;
+  }
+  EXPECT_EQ(h.sched->counters().preemptions, 0u);
+  EXPECT_GT(h.sched->counters().max_running, 4);
+  EXPECT_EQ(h.engine->book().pool().num_free(), h.engine->book().pool().num_pages());
+  EXPECT_EQ(h.engine->book().sink_pool().num_free(), h.engine->book().sink_pool().num_pages());
+}
+
+TEST(Scheduler, SeededSamplingEqualsAlone) {
+  const QuantSpec s = spec(Format::kFp8E4m3, 16);
+  Harness h(s, 4, 0);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 4; ++i) {
+    SamplingParams p;
+    p.max_tokens = 30;
+    p.temperature = 0.9f;
+    p.top_p = i % 2 ? 0.8f : 1.f;
+    p.seed = 1000 + static_cast<uint64_t>(i);
+    ids.push_back(h.add(prompt_ids(i, 50), p));
+  }
+  h.drain();
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(h.out[ids[size_t(i)]].tokens, run_alone(s, prompt_ids(i, 50), 30, 0.9f, i % 2 ? 0.8f : 1.f, 1000 + i));
+}
+
+TEST(Scheduler, PreemptsUnderATinyPoolAndStillMatches) {
+  // 16 sink tokens (1 sink page) and 24 main pages of 16 tokens: two long requests fit, not eight.
+  const QuantSpec s = spec(Format::kInt8, 16);
+  for (bool exact : {true, false}) {
+    SchedulerOptions so;
+    so.exact_recompute = exact;
+    Harness h(s, 8, 24, 0, so);
+    std::vector<RequestId> ids;
+    for (int i = 0; i < 8; ++i) {
+      SamplingParams p;
+      p.max_tokens = 60;
+      p.stop_at_eos = false;
+      ids.push_back(h.add(prompt_ids(i + 20, 90 + 10 * i), p));
+    }
+    h.drain();
+    const SchedulerCounters c = h.sched->counters();
+    EXPECT_GT(c.preemptions, 0u) << "the pool should be too small for all requests at once";
+    EXPECT_EQ(c.finished, 8u);
+    EXPECT_EQ(c.failed, 0u);
+    for (int i = 0; i < 8; ++i) {
+      const Outcome& o = h.out[ids[size_t(i)]];
+      EXPECT_EQ(o.finish, Finish::kLength);
+      ASSERT_EQ(o.tokens.size(), 60u);
+      if (exact) {
+        EXPECT_EQ(o.tokens, run_alone(s, prompt_ids(i + 20, 90 + 10 * i), 60)) << "request " << i;
+      }
+    }
+    EXPECT_EQ(h.engine->book().pool().num_free(), 24);
+  }
+}
+
+TEST(Scheduler, AdmitsOnlyWhatThePagesHold) {
+  // Each request needs ceil((1 + 100 + 1 - 16) / 16) = 6 main pages to be admitted; 13 pages hold 2.
+  const QuantSpec s = spec(Format::kInt8, 16);
+  Harness h(s, 8, 13);
+  for (int i = 0; i < 5; ++i) {
+    SamplingParams p;
+    p.max_tokens = 8;
+    h.add(prompt_ids(i, 100), p);
+  }
+  ASSERT_TRUE(h.sched->step().is_ok());
+  SchedulerCounters c = h.sched->counters();
+  EXPECT_EQ(c.running, 2);
+  EXPECT_EQ(c.waiting, 3);
+  EXPECT_EQ(c.admitted, 2u);
+  h.drain();
+  c = h.sched->counters();
+  EXPECT_EQ(c.finished, 5u);
+  EXPECT_LE(c.max_running, 2);
+}
+
+TEST(Scheduler, SinkPoolLimitsAdmission) {
+  // Sinks of 32 tokens (2 pages); a sink pool of 4 pages serves two sequences at a time.
+  const QuantSpec s = spec(Format::kInt8, 32);
+  Harness h(s, 8, 0, 4);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 4; ++i) {
+    SamplingParams p;
+    p.max_tokens = 10;
+    ids.push_back(h.add(prompt_ids(i, 40), p));
+  }
+  h.drain();
+  EXPECT_LE(h.sched->counters().max_running, 2);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(h.out[ids[size_t(i)]].tokens, run_alone(s, prompt_ids(i, 40), 10));
+}
+
+TEST(Scheduler, CancelsQueuedAndRunningRequests) {
+  const QuantSpec s = spec(Format::kBf16, 0);
+  Harness h(s, 2, 0);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 4; ++i) {
+    SamplingParams p;
+    p.max_tokens = 50;
+    p.stop_at_eos = false;
+    ids.push_back(h.add(prompt_ids(i, 30), p));
+  }
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(h.sched->step().is_ok());
+  h.sched->cancel(ids[0]);  // running
+  h.sched->cancel(ids[3]);  // waiting
+  h.sched->cancel(9999);    // unknown: ignored
+  h.drain();
+  EXPECT_EQ(h.out[ids[0]].finish, Finish::kCancelled);
+  EXPECT_EQ(h.out[ids[3]].finish, Finish::kCancelled);
+  EXPECT_TRUE(h.out[ids[3]].tokens.empty());
+  EXPECT_EQ(h.out[ids[1]].finish, Finish::kLength);
+  EXPECT_EQ(h.out[ids[2]].finish, Finish::kLength);
+  for (RequestId id : ids) EXPECT_EQ(h.out[id].done_events, 1);
+  EXPECT_EQ(h.sched->counters().cancelled, 2u);
+  EXPECT_EQ(h.engine->book().pool().num_free(), h.engine->book().pool().num_pages());
+}
+
+TEST(Scheduler, RejectsBadRequests) {
+  const QuantSpec s = spec(Format::kInt8, 16);
+  Harness h(s, 2, 20);
+  SamplingParams p;
+  EXPECT_FALSE(h.sched->validate({}, p).is_ok());
+  EXPECT_FALSE(h.sched->validate({1, 100000}, p).is_ok());
+  p.max_tokens = 0;
+  EXPECT_FALSE(h.sched->validate({1, 2}, p).is_ok());
+  p.max_tokens = 600;  // beyond the 512-token context
+  EXPECT_FALSE(h.sched->validate({1, 2}, p).is_ok());
+  p.max_tokens = 400;  // within the context, beyond the 20-page pool
+  EXPECT_FALSE(h.sched->validate({1, 2}, p).is_ok());
+  p.max_tokens = 10;
+  p.top_p = 0.f;
+  EXPECT_FALSE(h.sched->validate({1, 2}, p).is_ok());
+  p.top_p = 1.f;
+  p.temperature = -1.f;
+  EXPECT_FALSE(h.sched->validate({1, 2}, p).is_ok());
+  p.temperature = 0.f;
+  EXPECT_TRUE(h.sched->validate({1, 2}, p).is_ok());
+  h.sched->shutdown();
+  EXPECT_FALSE(h.sched->submit({1, 2}, p, nullptr).is_ok());
+}
+
+}  // namespace
+}  // namespace kvq::serve

@@ -1,0 +1,184 @@
+// `kvq serve`: an OpenAI-compatible HTTP server (completions, chat, SSE streaming, metrics) over
+// the continuous-batching scheduler and the quantized paged KV cache, on the CPU or CUDA engine.
+// SIGINT / SIGTERM drain the requests in flight, then exit.
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "kvq/backend/backend.h"
+#include "kvq/cache/layout.h"
+#include "kvq/command.h"
+#ifdef KVQ_HAVE_CUDA
+#include "kvq/common/cuda_device.h"
+#endif
+#include "kvq/model/engine.h"
+#include "kvq/model/model.h"
+#include "kvq/serve/capacity.h"
+#include "kvq/serve/server.h"
+
+namespace kvq::tools {
+namespace {
+
+struct ServeCli {
+  std::string model = "stories260K", tokenizer, served_name;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  QuantOptions quant;
+  std::string backend = "auto";
+  int threads = 0;
+  int max_seqs = 16, max_model_len = 0, max_batched_tokens = 0, chunk_tokens = 128;
+  double kv_gib = 0, gpu_util = 0;
+  bool batch_invariant = false, fast_recompute = false;
+  double max_body_mib = 1.0;
+  int http_threads = 64;
+};
+
+std::atomic<int> g_signal{0};
+extern "C" void on_signal(int sig) { g_signal.store(sig); }
+
+int fail(const Status& s) {
+  std::fprintf(stderr, "kvq serve: %s\n", s.to_string().c_str());
+  return 1;
+}
+
+// Parameters of the model's weights (for --gpu-memory-utilization's estimate of what is not KV).
+[[maybe_unused]] double weight_params(const model::ModelConfig& c) {
+  const double qd = double(c.n_heads) * c.head_dim, kvd = double(c.n_kv_heads) * c.head_dim;
+  const double per_layer = c.dim * qd * 2 + c.dim * kvd * 2 + 3.0 * c.dim * c.hidden_dim + 2.0 * c.dim;
+  return per_layer * c.n_layers + double(c.vocab_size) * c.dim * (c.tied_embeddings ? 1 : 2) + c.dim;
+}
+
+int run_serve(const ServeCli& o) {
+  auto kind = backend::resolve_backend(o.backend);
+  if (!kind.is_ok()) return fail(kind.status());
+  auto spec = parse_quant_spec(o.quant, backend::auto_cache_format(kind.value()));
+  if (!spec.is_ok()) return fail(spec.status());
+  backend::BackendOptions bo;
+  bo.cpu_threads = o.threads;
+  auto be = backend::create_backend(kind.value(), bo);
+  if (!be.is_ok()) return fail(be.status());
+  auto path = model::resolve_model_path(o.model);
+  if (!path.is_ok()) return fail(path.status());
+  auto m = model::Model::load(path.value(), o.tokenizer);
+  if (!m.is_ok()) return fail(m.status());
+  const model::ModelConfig& c = m.value()->config();
+
+  model::EngineOptions eo;
+  eo.max_seqs = o.max_seqs;
+  eo.max_tokens = o.max_model_len;
+  eo.chunk_tokens = o.chunk_tokens;
+  eo.batch_invariant = o.batch_invariant;
+  const int ctx = o.max_model_len > 0 ? o.max_model_len : c.max_seq_len;
+  double budget_gib = o.kv_gib;
+  if (o.gpu_util > 0) {
+    if (o.kv_gib > 0) return fail(invalid_argument("give --kv-cache-memory or --gpu-memory-utilization, not both"));
+#ifdef KVQ_HAVE_CUDA
+    if (kind.value() != backend::BackendKind::kCuda)
+      return fail(invalid_argument("--gpu-memory-utilization needs --backend cuda; use --kv-cache-memory GiB on the cpu"));
+    auto dev = cuda_device_info();
+    if (!dev.is_ok()) return fail(dev.status());
+    // What is not KV: bf16 weights plus a reserve for activations and workspaces.
+    const double other = weight_params(c) * 2 + 2.0 * (1 << 30);
+    budget_gib = (o.gpu_util * double(dev.value().global_mem_bytes) - other) / double(1 << 30);
+    if (budget_gib <= 0) return fail(invalid_argument("--gpu-memory-utilization leaves no room for the KV cache; raise it"));
+#else
+    return fail(unsupported("--gpu-memory-utilization needs a CUDA build; use --kv-cache-memory GiB"));
+#endif
+  }
+  if (budget_gib > 0) {
+    const serve::KvGeometry g{c.name, c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads};
+    auto pools = serve::plan_kv_pools(spec.value(), g, o.max_seqs, ctx, static_cast<size_t>(budget_gib * double(1 << 30)));
+    if (!pools.is_ok()) return fail(pools.status());
+    eo.num_pages = pools.value().num_pages;
+    eo.num_sink_pages = pools.value().num_sink_pages;
+  }
+  auto engine = model::Engine::create(*m.value(), spec.value(), *be.value(), eo);
+  if (!engine.is_ok()) return fail(engine.status());
+  serve::SchedulerOptions so;
+  so.max_step_tokens = o.max_batched_tokens;
+  so.exact_recompute = !o.fast_recompute;
+  auto sched = serve::Scheduler::create(*engine.value(), so);
+  if (!sched.is_ok()) return fail(sched.status());
+
+  serve::ServerOptions sv;
+  sv.host = o.host;
+  sv.port = o.port;
+  sv.model_id = o.served_name.empty() ? o.model : o.served_name;
+  sv.aliases = {o.model, c.name};
+  sv.max_body_bytes = static_cast<size_t>(o.max_body_mib * 1048576.0);
+  sv.http_threads = o.http_threads;
+  auto server = serve::Server::create(*sched.value(), sv);
+  if (!server.is_ok()) return fail(server.status());
+
+  const auto& book = engine.value()->book();
+  const auto& geo = book.geometry();
+  const double page_b = double(cache::bytes_per_page(spec.value(), geo.num_layers, geo.num_kv_heads, geo.head_dim));
+  const double mib = 1048576.0;
+  std::fprintf(stderr, "model %s: %d layers, %d/%d heads of %d, context %d\n", c.name.c_str(), c.n_layers, c.n_heads,
+               c.n_kv_heads, c.head_dim, engine.value()->max_tokens());
+  std::fprintf(stderr, "engine %s; kv cache %s, %zu bytes/token\n", be.value()->describe().c_str(),
+               spec.value().to_string().c_str(),
+               cache::bytes_per_token(spec.value(), geo.num_layers, geo.num_kv_heads, geo.head_dim));
+  std::fprintf(stderr, "pools: %d main pages (%.1f MiB), %d sink pages; up to %d sequences, step budget %d tokens%s\n",
+               book.pool().num_pages(), book.pool().num_pages() * page_b / mib, book.sink_pool().num_pages(),
+               o.max_seqs, sched.value()->options().max_step_tokens, o.batch_invariant ? ", batch-invariant" : "");
+  const Status st = server.value()->start();
+  if (!st.is_ok()) return fail(st);
+  std::fprintf(stderr, "serving '%s' on http://%s:%d (/v1/completions, /v1/chat/completions, /v1/models, /health, "
+               "/metrics); Ctrl-C drains and stops\n", server.value()->model_id().c_str(), o.host.c_str(),
+               server.value()->port());
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  while (g_signal.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::fprintf(stderr, "kvq serve: signal %d: draining requests in flight...\n", g_signal.load());
+  server.value()->stop();
+  const serve::SchedulerCounters k = sched.value()->counters();
+  std::fprintf(stderr, "kvq serve: stopped; %llu requests done, %llu cancelled, %llu failed, %llu preemptions, "
+               "%llu tokens generated\n", (unsigned long long)k.finished, (unsigned long long)k.cancelled,
+               (unsigned long long)k.failed, (unsigned long long)k.preemptions, (unsigned long long)k.generated_tokens);
+  return 0;
+}
+
+const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()> {
+  auto o = std::make_shared<ServeCli>();
+  CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server with continuous batching over the quantized KV cache");
+  sub->add_option("--model,-m", o->model, "Model file (GGUF or llama2.c), or an alias: smollm2, stories260K")->capture_default_str();
+  sub->add_option("--tokenizer", o->tokenizer, "llama2.c tokenizer file (default: tok<vocab>.bin beside the model)");
+  sub->add_option("--served-model-name", o->served_name, "Name clients put in \"model\" (default: the --model value)");
+  sub->add_option("--host", o->host, "Address to listen on")->capture_default_str();
+  sub->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
+  sub->add_option("--kv-cache-dtype", o->quant.kv_cache_dtype, "auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8")->capture_default_str();
+  sub->add_option("--kv-scale-granularity", o->quant.granularity, "per_token_head|per_block_head|per_tensor")->capture_default_str();
+  sub->add_option("--block-size", o->quant.block_size, "Tokens per cache page (16 or 32)")->capture_default_str();
+  sub->add_option("--kv-sink-tokens", o->quant.sink_tokens, "First N tokens of each sequence kept in bf16 (0 disables)")->capture_default_str();
+  sub->add_option("--backend", o->backend, "where the model runs: cpu, cuda or auto (cuda when a GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
+  sub->add_option("--threads", o->threads, "BLAS threads for the matrix products (cpu; default: the BLAS default)");
+  sub->add_option("--max-num-seqs", o->max_seqs, "Sequences running at once")->capture_default_str()->check(CLI::Range(1, 4096));
+  sub->add_option("--max-model-len", o->max_model_len, "Context per sequence (0: the model's)")->capture_default_str();
+  sub->add_option("--kv-cache-memory", o->kv_gib, "KV budget in GiB for the page pools, sinks included (0: room for "
+                  "--max-num-seqs full sequences)")->capture_default_str();
+  sub->add_option("--gpu-memory-utilization", o->gpu_util, "cuda: fraction of device memory for weights + KV (the KV "
+                  "budget is what the weights and a 2 GiB reserve leave)")->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--max-num-batched-tokens", o->max_batched_tokens, "Token budget per scheduler step (0: 2 chunks)")
+      ->capture_default_str();
+  sub->add_option("--chunk-tokens", o->chunk_tokens, "Prefill chunk per sequence")->capture_default_str()->check(CLI::Range(1, 8192));
+  sub->add_flag("--batch-invariant", o->batch_invariant, "Matrix products per sequence: every result bit-identical to "
+                "the request run alone (slower batched decode)");
+  sub->add_flag("--fast-recompute", o->fast_recompute, "Recompute a preempted request's generated tokens as one "
+                "prefill (faster; may differ by rounding from the uninterrupted run)");
+  sub->add_option("--max-body-mib", o->max_body_mib, "Largest request body (MiB)")->capture_default_str();
+  sub->add_option("--http-threads", o->http_threads, "Connections served at once (a stream holds one)")->capture_default_str();
+  return [o] { return run_serve(*o); };
+}}};
+
+}  // namespace
+}  // namespace kvq::tools
