@@ -455,6 +455,20 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
   return Status::ok();
 }
 
+Status PagedKvCache::fix_tensor_scale(int layer, float k_amax, float v_amax) {
+  if (!cfg_.host_planes) return no_planes("fix_tensor_scale()");
+  KVQ_RETURN_IF_ERROR(check_layer(layer));
+  if (!geom_.has_scales() || geom_.granularity != ScaleGranularity::kPerTensor) return Status::ok();
+  Planes& pl = layers_[static_cast<size_t>(layer)];
+  for (int kv = 0; kv < 2; ++kv) {
+    uint8_t& set = tensor_scale_set_[static_cast<size_t>(layer) * 2 + kv];
+    if (set) continue;
+    (kv == 0 ? pl.k_scales : pl.v_scales)[0] = quant::scale_for_amax(geom_.format, kv == 0 ? k_amax : v_amax);
+    set = 1;
+  }
+  return Status::ok();
+}
+
 Status PagedKvCache::read_token(SeqId seq, int layer, int pos, float* k, float* v) const {
   if (!cfg_.host_planes) return no_planes("read_token()");
   KVQ_RETURN_IF_ERROR(check_seq(seq));

@@ -87,6 +87,12 @@ class PagedKvCache {
   // kOutOfMemory only when a shared page needs its copy-on-write copy and none is free.
   Status write(SeqId seq, int layer, int pos0, const float* k, const float* v, int n_tokens);
 
+  // per_tensor only (a no-op otherwise, and once a layer's scales are set): fixes layer `layer`'s K
+  // and V scales from the given finite amax values, as if a write carrying those values had reached
+  // the quantized pages first. Lets a batched write of several sequences set the scale from all of
+  // them at once, as the device writer does (backend::CacheWriteArgs).
+  Status fix_tensor_scale(int layer, float k_amax, float v_amax);
+
   // Dequantized read-back of one token (debugging and tests): [num_kv_heads][head_dim] each.
   // The token must have been written in that layer.
   Status read_token(SeqId seq, int layer, int pos, float* k, float* v) const;

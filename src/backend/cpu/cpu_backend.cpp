@@ -4,6 +4,7 @@
 
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +12,7 @@
 
 #include "kvq/attention/cpu.h"
 #include "kvq/format/bf16.h"
+#include "kvq/quant/quantize.h"
 #include "kvq/model/model.h"
 
 namespace kvq::backend {
@@ -268,6 +270,24 @@ size_t CpuBackend::workspace_size(const CacheWriteArgs&) const { return 0; }
 Status CpuBackend::run(const CacheWriteArgs& a) {
   KVQ_RETURN_IF_ERROR(can_implement(a));
   const size_t kvd = static_cast<size_t>(a.book->geometry().num_kv_heads) * a.book->geometry().head_dim;
+  const cache::CacheGeometry& g = a.book->geometry();
+  if (g.has_scales() && g.granularity == ScaleGranularity::kPerTensor) {
+    // A per_tensor scale is fixed by the first write reaching the quantized pages: for a call with
+    // several sequences, by all of this call's main-pool rows together (what the device writer does).
+    float k_amax = 0.f, v_amax = 0.f;
+    bool main_rows = false;
+    for (int i = 0; i < a.num_spans; ++i) {
+      const WriteSpan& s = a.spans[i];
+      const int first = std::max(s.pos0, a.book->sink_capacity(s.seq));
+      if (first >= s.pos0 + s.n) continue;
+      const size_t off = static_cast<size_t>(s.row0 + first - s.pos0) * kvd;
+      const int count = static_cast<int>(static_cast<size_t>(s.pos0 + s.n - first) * kvd);
+      k_amax = std::max(k_amax, quant::finite_amax(a.k + off, count));
+      v_amax = std::max(v_amax, quant::finite_amax(a.v + off, count));
+      main_rows = true;
+    }
+    if (main_rows) KVQ_RETURN_IF_ERROR(a.book->fix_tensor_scale(a.layer, k_amax, v_amax));
+  }
   for (int i = 0; i < a.num_spans; ++i) {
     const WriteSpan& s = a.spans[i];
     KVQ_RETURN_IF_ERROR(a.book->write(s.seq, a.layer, s.pos0, a.k + s.row0 * kvd, a.v + s.row0 * kvd, s.n));
