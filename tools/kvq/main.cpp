@@ -34,16 +34,14 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   const std::string words = check_command_words(app, args);
   if (!words.empty()) {
-    std::fprintf(stderr, "%s
-", words.c_str());
+    std::fprintf(stderr, "%s\n", words.c_str());
     return 2;
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::fprintf(stderr, "%s
-", parse_error_line(app, e).c_str());
+    std::fprintf(stderr, "%s\n", parse_error_line(app, e).c_str());
     return e.get_exit_code();
   }
   try {
