@@ -23,6 +23,7 @@ std::vector<std::string> words_of(CacheCommand cmd) {
     case CacheCommand::kBenchDecode: return {"bench", "decode"};
     case CacheCommand::kBenchWrite: return {"bench", "write"};
     case CacheCommand::kReport: return {"report"};
+    case CacheCommand::kServe: return {"serve"};
   }
   return {};
 }
@@ -94,7 +95,8 @@ Outcome run(CacheCommand cmd, const std::vector<Arg>& args) {
         for (const auto& req : r.value()) out.specs.push_back(req.spec);
       break;
     }
-    case CacheCommand::kGenerate: {
+    case CacheCommand::kGenerate:
+    case CacheCommand::kServe: {
       auto r = to_quant_spec(out.opts, Format::kInt8);
       if (!r.is_ok()) st = r.status();
       else out.specs.push_back(r.value());

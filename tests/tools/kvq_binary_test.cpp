@@ -65,7 +65,8 @@ const std::vector<std::vector<std::string>>& commands() {
                                                           {"generate", "--model", "/nonexistent/model.gguf"},
                                                           {"bench", "decode"},
                                                           {"bench", "write"},
-                                                          {"report"}};
+                                                          {"report"},
+                                                          {"serve", "--model", "/nonexistent/model.gguf"}};
   return c;
 }
 

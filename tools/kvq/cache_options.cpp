@@ -24,6 +24,13 @@ CacheFlagSet make_generate() {
   return s;
 }
 
+CacheFlagSet make_serve() {
+  CacheFlagSet s;
+  s.command = "serve";
+  s.defaults.kv_cache_dtype = "auto";
+  return s;
+}
+
 CacheFlagSet make_bench_decode() {
   CacheFlagSet s;
   s.command = "bench decode";
@@ -72,13 +79,14 @@ std::string list_note(bool lists) { return lists ? " (comma-separated list)" : "
 
 const CacheFlagSet& cache_flag_set(CacheCommand cmd) {
   static const CacheFlagSet eval = make_eval(), generate = make_generate(), decode = make_bench_decode(),
-                            write = make_bench_write(), report = make_report();
+                            write = make_bench_write(), report = make_report(), serve = make_serve();
   switch (cmd) {
     case CacheCommand::kEval: return eval;
     case CacheCommand::kGenerate: return generate;
     case CacheCommand::kBenchDecode: return decode;
     case CacheCommand::kBenchWrite: return write;
     case CacheCommand::kReport: return report;
+    case CacheCommand::kServe: return serve;
   }
   return eval;
 }

@@ -25,10 +25,10 @@
 namespace kvq::tools {
 
 // The commands that take cache options (the test parses the same arguments for each).
-enum class CacheCommand { kEval, kGenerate, kBenchDecode, kBenchWrite, kReport };
-inline constexpr CacheCommand kAllCacheCommands[] = {CacheCommand::kEval, CacheCommand::kGenerate,
+enum class CacheCommand { kEval, kGenerate, kBenchDecode, kBenchWrite, kReport, kServe };
+inline constexpr CacheCommand kAllCacheCommands[] = {CacheCommand::kEval,        CacheCommand::kGenerate,
                                                       CacheCommand::kBenchDecode, CacheCommand::kBenchWrite,
-                                                      CacheCommand::kReport};
+                                                      CacheCommand::kReport,      CacheCommand::kServe};
 
 // The strings and numbers as typed. `add_cache_options` sets the command's defaults.
 struct CacheCliOptions {
@@ -61,7 +61,7 @@ const CacheFlagSet& cache_flag_set(CacheCommand cmd);
 // `app`. Integer flags refuse an empty value; --backend refuses anything but cpu, cuda, auto.
 void add_cache_options(CLI::App* app, CacheCliOptions& o, CacheCommand cmd);
 
-// One spec (generate). `auto` resolves to `auto_format`, what this machine prefers. A list, or a
+// One spec (generate, serve). `auto` resolves to `auto_format`, what this machine prefers. A list, or a
 // granularity list that expands a quantized dtype to several specs, is refused.
 Result<QuantSpec> to_quant_spec(const CacheCliOptions& o, Format auto_format);
 

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "kvq/backend/backend.h"
+#include "kvq/cache_options.h"
 #include "kvq/cache/layout.h"
 #include "kvq/command.h"
 #ifdef KVQ_HAVE_CUDA
@@ -26,8 +27,7 @@ struct ServeCli {
   std::string model = "stories260K", tokenizer, served_name;
   std::string host = "127.0.0.1";
   int port = 8000;
-  QuantOptions quant;
-  std::string backend = "auto";
+  CacheCliOptions cache;  // the shared cache flags (kvq/cache_options.h)
   int threads = 0;
   int max_seqs = 16, max_model_len = 0, max_batched_tokens = 0, chunk_tokens = 128;
   double kv_gib = 0, gpu_util = 0;
@@ -52,9 +52,9 @@ int fail(const Status& s) {
 }
 
 int run_serve(const ServeCli& o) {
-  auto kind = backend::resolve_backend(o.backend);
+  auto kind = backend::resolve_backend(o.cache.backend);
   if (!kind.is_ok()) return fail(kind.status());
-  auto spec = parse_quant_spec(o.quant, backend::auto_cache_format(kind.value()));
+  auto spec = to_quant_spec(o.cache, backend::auto_cache_format(kind.value()));
   if (!spec.is_ok()) return fail(spec.status());
   backend::BackendOptions bo;
   bo.cpu_threads = o.threads;
@@ -154,13 +154,7 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   sub->add_option("--served-model-name", o->served_name, "Name clients put in \"model\" (default: the --model value)");
   sub->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   sub->add_option("--port", o->port, "Port to listen on (0: any free port)")->capture_default_str()->check(CLI::Range(0, 65535));
-  sub->add_option("--kv-cache-dtype", o->quant.kv_cache_dtype, "auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8")->capture_default_str();
-  sub->add_option("--kv-scale-granularity", o->quant.granularity, "per_token_head|per_block_head|per_tensor")->capture_default_str();
-  sub->add_option("--block-size", o->quant.block_size, "Tokens per cache page (16 or 32)")->capture_default_str();
-  sub->add_option("--kv-sink-tokens", o->quant.sink_tokens, "First N tokens of each sequence kept in bf16 (0 disables)")->capture_default_str();
-  sub->add_option("--backend", o->backend, "where the model runs: cpu, cuda or auto (cuda when a GPU is present)")
-      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
-      ->capture_default_str();
+  add_cache_options(sub, o->cache, CacheCommand::kServe);
   sub->add_option("--threads", o->threads, "BLAS threads for the matrix products (cpu; default: the BLAS default)");
   sub->add_option("--max-num-seqs", o->max_seqs, "Sequences running at once")->capture_default_str()->check(CLI::Range(1, 4096));
   sub->add_option("--max-model-len", o->max_model_len, "Context per sequence (0: the model's)")->capture_default_str();
