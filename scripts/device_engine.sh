@@ -11,7 +11,7 @@
 # Inputs on the GPU machine (carried): MODELS_DIR (default ../.gpu-model) with stories260K/, the eval
 # text pydoc_topics.txt and SmolLM2 as SmolLM2.part* pieces (the carry limit is below the file size;
 # pieces may arrive in different calls while the machine stays warm, see PIECES_DIRS). Environment: OUT, KVQ_STEPS (default
-# "tests sanitize stories smolcuda smolcpu bench").
+# "tests sanitize stories smolcuda smolcpu bench"; add "serve" for the serving SLA check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
@@ -128,6 +128,22 @@ if [[ $steps == *bench* ]] && [[ -s $smol ]]; then
     --specs "${BENCH_SPECS:-bf16,fp8,int8,fp8_fnuz}" --json "$OUT/bench_engine.json" >"$OUT/bench_engine.log" 2>&1
   note "bench engine: rc=$?"
   cat "$OUT/bench_engine.log" >>"$summary"
+fi
+
+# The serving SLA check (issue 8) on the GPU: scripts/bench_serve_sla.sh per spec, then the comparison.
+# SERVE_MODEL (default smollm2), SERVE_TIERS, SERVE_PROMPTS, SERVE_RATE (0 = all at once) pass through.
+if has serve; then
+  sm=${SERVE_MODEL:-smollm2}
+  [[ $sm == stories260K ]] && sm="$(dirname "$src_dir")/shared/models/stories260K/stories260K.bin"
+  t0=$(date +%s)
+  KVQ=$B/kvq MODEL="$sm" BACKEND=cuda TIERS="${SERVE_TIERS:-1024,4096,7168}" PROMPTS="${SERVE_PROMPTS:-50}" \
+    RATE="${SERVE_RATE:-0}" MAX_TOKENS="${SERVE_MAX_TOKENS:-128}" KV_GIB="${SERVE_KV_GIB:-8}" \
+    MAX_SEQS="${SERVE_MAX_SEQS:-64}" SPECS="${SERVE_SPECS:-bf16 fp8_e4m3 fp8_fnuz int8}" \
+    timeout "${SERVE_TIMEOUT:-420}" bash scripts/bench_serve_sla.sh "$OUT/serve" \
+    --text "$MODELS_DIR/stories260K/tinystories_valid_head.txt" --text "$text" >"$OUT/serve.log" 2>&1
+  note "serve SLA ($sm): rc=$? $(( $(date +%s) - t0 )) s"
+  tail -30 "$OUT/serve.log" >>"$summary"
+  cp "$OUT"/serve/*.md "$OUT_FINAL/" 2>/dev/null
 fi
 
 tar czf "$OUT_FINAL/logs.tgz" -C "$OUT" . && cp "$summary" "$OUT_FINAL/"
