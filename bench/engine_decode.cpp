@@ -5,7 +5,7 @@
 // Reports the median step time after warm-up, tokens/s and each spec's step time relative to bf16.
 //
 //   kvq_engine_bench [--model smollm2] [--backend cuda] [--batch 64] [--ctx 8192] [--steps 32]
-//                    [--specs bf16,fp8,int8,fp8_fnuz,fp8:per_block_head] [--sink 256] [--json FILE]
+//                    [--specs bf16,fp8,int8,fp8_fnuz,fp8:per_block_head,fp8:b32] [--sink 256] [--json FILE]
 // Builds in every configuration (seam only); on the cpu backend use small shapes.
 #include <algorithm>
 #include <chrono>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvq/backend/backend.h"
+#include "kvq/eval/specs.h"
 #include "kvq/model/engine.h"
 #include "kvq/model/model.h"
 
@@ -31,28 +32,6 @@ struct Opts {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-Result<QuantSpec> parse_spec(const std::string& s, int sink) {
-  QuantSpec q;
-  q.block_size = 16;
-  const size_t colon = s.find(':');
-  const std::string f = s.substr(0, colon);
-  if (f == "bf16") q.format = Format::kBf16;
-  else if (f == "fp8" || f == "fp8_e4m3") q.format = Format::kFp8E4m3;
-  else if (f == "fp8_fnuz" || f == "fp8_e4m3_fnuz") q.format = Format::kFp8E4m3Fnuz;
-  else if (f == "int8") q.format = Format::kInt8;
-  else return invalid_argument("unknown cache dtype '" + f + "' (bf16, fp8, fp8_fnuz, int8)");
-  q.granularity = ScaleGranularity::kPerTokenHead;
-  if (colon != std::string::npos) {
-    const std::string g = s.substr(colon + 1);
-    if (g == "per_block_head") q.granularity = ScaleGranularity::kPerBlockHead;
-    else if (g == "per_tensor") q.granularity = ScaleGranularity::kPerTensor;
-    else if (g != "per_token_head") return invalid_argument("unknown granularity '" + g + "'");
-  }
-  // The bf16 cache is the baseline: no separate sink, as in `kvq eval`.
-  q.sink_tokens = q.format == Format::kBf16 ? 0 : sink;
-  return q;
 }
 
 struct Row {
@@ -81,13 +60,18 @@ int run(const Opts& o) {
     t = static_cast<int32_t>(3 + x % static_cast<uint64_t>(V - 3));
   }
   std::vector<Row> rows;
-  size_t start = 0;
-  const std::string specs = o.specs + ",";
-  for (size_t comma; (comma = specs.find(',', start)) != std::string::npos; start = comma + 1) {
-    const std::string name = specs.substr(start, comma - start);
-    if (name.empty()) continue;
-    auto spec = parse_spec(name, o.sink);
-    if (!spec.is_ok()) return std::fprintf(stderr, "%s\n", spec.status().to_string().c_str()), 2;
+  // The specs as `kvq eval --kv-cache-dtype` spells them (one parser: eval/specs.h), e.g. fp8:b32.
+  eval::SpecListOptions so;
+  so.kv_cache_dtypes = o.specs;
+  so.sink_tokens = o.sink;
+  auto requests = eval::parse_spec_list(so);
+  if (!requests.is_ok()) return std::fprintf(stderr, "--specs: %s\n", requests.status().to_string().c_str()), 2;
+  for (const eval::SpecRequest& req : requests.value()) {
+    if (req.is_auto) return std::fprintf(stderr, "--specs: name a dtype, not auto\n"), 2;
+    const std::string name = req.label;
+    QuantSpec spec = req.spec;
+    // The bf16 cache is the baseline: no separate sink, as in `kvq eval`.
+    if (spec.format == Format::kBf16) spec.sink_tokens = 0;
     model::EngineOptions eo;
     eo.max_seqs = o.batch;
     // The last timed step runs at context `ctx` (capped by the model's context length).
@@ -97,7 +81,7 @@ int run(const Opts& o) {
     eo.max_tokens = ctx;
     eo.chunk_tokens = 256;
     eo.max_step_tokens = 4096;
-    auto e = model::Engine::create(model, spec.value(), *be.value(), eo);
+    auto e = model::Engine::create(model, spec, *be.value(), eo);
     if (!e.is_ok()) return std::fprintf(stderr, "%s: %s\n", name.c_str(), e.status().to_string().c_str()), 1;
     model::Engine& eng = *e.value();
     std::vector<cache::SeqId> seqs;
