@@ -112,6 +112,27 @@ __global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ d
   for (; i < n; i += stride) __stcs(dst + i, __ldcs(src + i));
 }
 
+// A read-only stream: U independent 16-byte loads in flight per thread, XOR-reduced; the result is
+// stored only under a condition the data never meets, so the loads stay live but nothing is written.
+template <int U>
+__global__ void read_kernel(const uint4* __restrict__ src, size_t n, uint32_t never, uint32_t* sink) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  uint32_t acc = 0;
+  for (; i + (U - 1) * stride < n; i += U * stride) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = __ldcs(src + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 v = __ldcs(src + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == never) sink[0] = acc;
+}
+
 size_t elem_bytes(Format f) { return static_cast<size_t>(format_bits(f)) / 8; }
 
 }  // namespace
@@ -157,6 +178,49 @@ Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iters) {
   }
   CopyBandwidth c;
   c.bytes = 2.0 * static_cast<double>(bytes);
+  c.us_median = best_us;
+  c.tb_per_s = c.bytes / (c.us_median * 1e-6) / 1e12;
+  return c;
+}
+
+Result<CopyBandwidth> measure_read_bandwidth(size_t bytes, int iters) {
+  auto src = DeviceBuffer::create(bytes);
+  if (!src.is_ok()) return src.status();
+  auto sink = DeviceBuffer::create(16);
+  if (!sink.is_ok()) return sink.status();
+  // 0x3c in every byte XORs to 0 over each 16-byte load, so `never` = 1 is never met.
+  KVQ_RETURN_IF_ERROR(src.value().fill_byte(0x3c));
+  auto dev = cuda_device_info();
+  if (!dev.is_ok()) return dev.status();
+  BenchTiming timing;
+  timing.iters = std::max(iters, 30);
+  timing.warmup = 20;
+  timing.cold_l2 = false;  // 1 GiB dwarfs the L2
+  double best_us = 0;
+  struct Variant {
+    int unroll, ctas_per_sm;
+  };
+  for (const Variant v : {Variant{4, 8}, Variant{8, 8}, Variant{4, 16}}) {
+    Timer t;
+    KVQ_RETURN_IF_ERROR(t.init());
+    Graph g;
+    KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+      const int grid = dev->sm_count * v.ctas_per_sm, block = 2048 / v.ctas_per_sm;
+      const uint4* p = src.value().as<uint4>();
+      uint32_t* out = sink.value().as<uint32_t>();
+      if (v.unroll == 4) {
+        read_kernel<4><<<grid, block, 0, s>>>(p, bytes / 16, 1u, out);
+      } else {
+        read_kernel<8><<<grid, block, 0, s>>>(p, bytes / 16, 1u, out);
+      }
+      return detail::launch_status("read kernel");
+    }));
+    auto st = time_graph(t, g, timing, nullptr);
+    if (!st.is_ok()) return st.status();
+    if (best_us == 0 || st->median < best_us) best_us = st->median;
+  }
+  CopyBandwidth c;
+  c.bytes = static_cast<double>(bytes);
   c.us_median = best_us;
   c.tb_per_s = c.bytes / (c.us_median * 1e-6) / 1e12;
   return c;
@@ -229,10 +293,12 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, const D
   a.softmax_scale = 1.f / std::sqrt(static_cast<float>(sh.head_dim));
   DecodeOptions dopts;
   dopts.force_splits = o.force_splits;
+  dopts.ring_stages = o.ring_stages;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;
   row.ctas_per_sm = plan->ctas_per_sm;
+  row.ring_stages = plan->ring_stages;
   auto ws = DeviceBuffer::create(std::max<size_t>(workspace_size(a, plan.value()), 16));
   if (!ws.is_ok()) return ws.status();
 
@@ -258,7 +324,8 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, const D
 
 }  // namespace
 
-Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& o, const CopyBandwidth& copy) {
+Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& o, const CopyBandwidth& copy,
+                                                 const CopyBandwidth& read) {
   auto dev = cuda_device_info();
   if (!dev.is_ok()) return dev.status();
   auto flush = l2_flush_buffer();
@@ -271,6 +338,7 @@ Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& o, co
       if (!r.is_ok()) return Status(r.status().code(), sh.label() + " " + format_name(f) + ": " + r.status().message());
       DecodeBenchRow row = r.value();
       row.frac_of_copy = copy.tb_per_s > 0 ? row.tb_per_s / copy.tb_per_s : 0;
+      row.frac_of_read = read.tb_per_s > 0 ? row.tb_per_s / read.tb_per_s : 0;
       if (f == Format::kBf16) bf16_us = row.us_median;
       rows.push_back(row);
     }
