@@ -114,7 +114,7 @@ if [[ $steps == *configs* ]]; then
 fi
 
 if [[ $steps == *ncu* ]] && command -v ncu >/dev/null; then
-  timeout 180 ncu --clock-control none --kernel-name regex:decode_kernel --launch-skip 3 --launch-count 1 \
+  timeout 180 ncu --clock-control none --kernel-name regex:"decode_(bulk_)?kernel" --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats --section WarpStateStats \
     "$KVQ" bench decode --backend cuda --shapes "64,32,8,128,8192" --kv-cache-dtype fp8 --iters 30 ${KVQ_NCU_ARGS:-} >"$OUT/ncu.txt" 2>&1
   note "ncu: rc=$?"

@@ -15,7 +15,8 @@
 // S is a multiple of the consumer count, so a stage always has the same consumer: a waiter is then
 // never more than one phase behind its barrier, which parity waits require.
 // Numerics are the register kernel's: the consumers build the same fragments (Payload) from shared
-// memory instead of global memory and run the same compute_tile.
+// memory instead of global memory and run the same compute_tiles, two tiles per softmax step (a page
+// holds 2 or 4 tiles; a register kernel paid for pairs with spills, the ring frees those registers).
 #include "decode_kernel.cuh"
 
 namespace kvq::attention::cuda::detail {
@@ -125,15 +126,16 @@ __device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs&
     if constexpr (SM == ScaleMode::kToken) {
       if (!per_token) scale_sub = static_cast<int>(p.geom.scale_index(page_ids[s], w.kv_head, 0) & 3);
     }
-    for (int k = 0; k < tpp; ++k) {
+    // Tiles past the part's end (last page) are masked by compute_tiles; their bytes are in the stage.
+    for (int k = 0; k < tpp; k += 2) {
       const int tile = (pg0 + i) * tpp + k;
       if (tile >= w.main_t1) break;
-      Payload<F, D> pl;
-      load_tile_smem<F, D, SM>(stage, k, bs, scale_sub, lane, pl);
-      compute_tile<F, D, SM>(pl, qf, a, tile, lane, st);
+      Payload<F, D> pl[2];
+      load_tile_smem<F, D, SM>(stage, k, bs, scale_sub, lane, pl[0]);
+      load_tile_smem<F, D, SM>(stage, k + 1, bs, scale_sub, lane, pl[1]);
+      compute_tiles<F, D, SM, 2>(pl, qf, a, tile, lane, st);
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
+    mbar_arrive(&empty[s]);  // every lane: each releases its own reads of the stage
   }
 }
 
@@ -155,7 +157,7 @@ __global__ void __launch_bounds__(kBulkThreads, kMinCtas) decode_bulk_kernel(con
   if (threadIdx.x == 0) {
     for (int s = 0; s < p.ring_stages; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 1);
+      mbar_init(&empty[s], 32);
     }
     mbar_init_fence();
   }

@@ -177,51 +177,69 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const PartArgs&
   }
 }
 
-template <Format F, int D, ScaleMode SM>
-__device__ __forceinline__ void compute_tile(const Payload<F, D>& pl_in, const uint4* qf, const PartArgs& a, int tile,
-                                             int lane, State<D>& st) {
+// N consecutive tiles (tile, tile + 1, ...) in one online-softmax step: their QK chains are
+// independent (the query fragment is loaded once for all), and the max, rescale and shuffle work is
+// paid once per step instead of once per tile. Tiles past the part's end are masked.
+template <Format F, int D, ScaleMode SM, int N>
+__device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const uint4* qf, const PartArgs& a, int tile,
+                                              int lane, State<D>& st) {
   using P = Path<F>;
   const int t = lane & 3;
-  const int nvalid = min(kTileTokens, a.n_tokens - tile * kTileTokens);
-  const bool ok0 = 2 * t < nvalid, ok1 = 2 * t + 1 < nvalid;
+  constexpr float kNegInf = -__builtin_huge_valf();
+  bool ok0[N], ok1[N];
+  float s0[N], s1[N], u0[N], u1[N];
 
-  // Logits of head g for tokens 2t, 2t+1.
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  // Logits of head g for tokens 2t, 2t+1 of each tile.
+  float c[N][4];
+#pragma unroll
+  for (int n = 0; n < N; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
 #pragma unroll
   for (int M = 0; M < D / 16; ++M) {
-    uint32_t b0, b1;
-    P::k_frag(pl_in.k, M, b0, b1);
     const uint4 qa = qf[M * 32 + lane];
-    if constexpr (P::kBf16Mma) {
-      mma_m16n8k16_bf16(c, qa, b0, b1);
-    } else {
-      mma_m16n8k16_f16(c, qa, b0, b1);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      uint32_t b0, b1;
+      P::k_frag(pl_in[n].k, M, b0, b1);
+      if constexpr (P::kBf16Mma) {
+        mma_m16n8k16_bf16(c[n], qa, b0, b1);
+      } else {
+        mma_m16n8k16_f16(c[n], qa, b0, b1);
+      }
     }
   }
-  float km0 = a.kconst, km1 = a.kconst, lv0 = a.lvconst, lv1 = a.lvconst;
-  if constexpr (SM == ScaleMode::kToken) {
-    km0 *= pl_in.ks0;
-    km1 *= pl_in.ks1;
-    lv0 = __log2f(pl_in.vs0 * a.lvconst);  // kToken parts pass the V factor itself in lvconst
-    lv1 = __log2f(pl_in.vs1 * a.lvconst);
+  float smax = kNegInf, umax = kNegInf;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const int nvalid = min(kTileTokens, a.n_tokens - (tile + n) * kTileTokens);
+    ok0[n] = 2 * t < nvalid, ok1[n] = 2 * t + 1 < nvalid;
+    float km0 = a.kconst, km1 = a.kconst, lv0 = a.lvconst, lv1 = a.lvconst;
+    if constexpr (SM == ScaleMode::kToken) {
+      km0 *= pl_in[n].ks0;
+      km1 *= pl_in[n].ks1;
+      lv0 = __log2f(pl_in[n].vs0 * a.lvconst);  // kToken parts pass the V factor itself in lvconst
+      lv1 = __log2f(pl_in[n].vs1 * a.lvconst);
+    }
+    s0[n] = ok0[n] ? (c[n][0] + c[n][2]) * km0 : kNegInf;
+    s1[n] = ok1[n] ? (c[n][1] + c[n][3]) * km1 : kNegInf;
+    u0[n] = ok0[n] ? s0[n] + lv0 : kNegInf;
+    u1[n] = ok1[n] ? s1[n] + lv1 : kNegInf;
+    smax = fmaxf(smax, fmaxf(s0[n], s1[n]));
+    umax = fmaxf(umax, fmaxf(u0[n], u1[n]));
   }
-  constexpr float kNegInf = -__builtin_huge_valf();
-  const float s0 = ok0 ? (c[0] + c[2]) * km0 : kNegInf;
-  const float s1 = ok1 ? (c[1] + c[3]) * km1 : kNegInf;
-  const float u0 = ok0 ? s0 + lv0 : kNegInf;
-  const float u1 = ok1 ? s1 + lv1 : kNegInf;
 
   // Online softmax: denominator over s, numerator over u = s + log2(v scale).
-  const float m_new = fmaxf(st.m, warp_max_xor(fmaxf(s0, s1), 2));
+  const float m_new = fmaxf(st.m, warp_max_xor(smax, 2));
   const float m_use = m_new == kNegInf ? 0.f : m_new;
   const float alpha = exp2f(st.m - m_use);
-  st.l = st.l * alpha + exp2f(s0 - m_use) + exp2f(s1 - m_use);
+  float lsum = 0.f;
+#pragma unroll
+  for (int n = 0; n < N; ++n) lsum += exp2f(s0[n] - m_use) + exp2f(s1[n] - m_use);
+  st.l = st.l * alpha + lsum;
   st.m = m_new;
-  const float mv_new = fmaxf(st.mv, warp_max_xor(fmaxf(u0, u1), 2));
+  const float mv_new = fmaxf(st.mv, warp_max_xor(umax, 2));
   const float mv_use = mv_new == kNegInf ? 0.f : mv_new;
   const float beta = exp2f(st.mv - mv_use);
   st.mv = mv_new;
-  const float w0 = exp2f(u0 - mv_use), w1 = exp2f(u1 - mv_use);
 
   // Rescale O (heads 2t, 2t+1 live in this lane; their factors in lanes 8t and 8t + 4).
   const float beta_a = __shfl_sync(0xffffffffu, beta, 8 * t);
@@ -236,27 +254,29 @@ __device__ __forceinline__ void compute_tile(const Payload<F, D>& pl_in, const u
     }
   }
 
-  uint32_t p_hi, p_lo;
-  split2<P::kBf16Mma>(w0, w1, p_hi, p_lo);
-
-  // Unwritten slots of a partial tile may hold anything (NaN codes): zero their V.
   constexpr int kVW = TileShape<F, D>::kVWords;
-  uint32_t va[kVW], vb[kVW];
 #pragma unroll
-  for (int i = 0; i < kVW; ++i) {
-    va[i] = ok0 ? pl_in.va[i] : 0u;
-    vb[i] = ok1 ? pl_in.vb[i] : 0u;
-  }
+  for (int n = 0; n < N; ++n) {
+    uint32_t p_hi, p_lo;
+    split2<P::kBf16Mma>(exp2f(u0[n] - mv_use), exp2f(u1[n] - mv_use), p_hi, p_lo);
+    // Unwritten slots of a partial tile may hold anything (NaN codes): zero their V.
+    uint32_t va[kVW], vb[kVW];
 #pragma unroll
-  for (int jj = 0; jj < D / 16; ++jj) {
-    uint32_t a0, a1;
-    P::v_frag(va, vb, jj, a0, a1);
-    if constexpr (P::kBf16Mma) {
-      mma_m16n8k8_bf16(st.o[jj], a0, a1, p_hi);
-      mma_m16n8k8_bf16(st.o[jj], a0, a1, p_lo);
-    } else {
-      mma_m16n8k8_f16(st.o[jj], a0, a1, p_hi);
-      mma_m16n8k8_f16(st.o[jj], a0, a1, p_lo);
+    for (int i = 0; i < kVW; ++i) {
+      va[i] = ok0[n] ? pl_in[n].va[i] : 0u;
+      vb[i] = ok1[n] ? pl_in[n].vb[i] : 0u;
+    }
+#pragma unroll
+    for (int jj = 0; jj < D / 16; ++jj) {
+      uint32_t a0, a1;
+      P::v_frag(va, vb, jj, a0, a1);
+      if constexpr (P::kBf16Mma) {
+        mma_m16n8k8_bf16(st.o[jj], a0, a1, p_hi);
+        mma_m16n8k8_bf16(st.o[jj], a0, a1, p_lo);
+      } else {
+        mma_m16n8k8_f16(st.o[jj], a0, a1, p_hi);
+        mma_m16n8k8_f16(st.o[jj], a0, a1, p_lo);
+      }
     }
   }
 }
@@ -312,7 +332,7 @@ __device__ __forceinline__ void run_part(const DecodeParams& p, const PartArgs& 
       }
 #pragma unroll
       for (int i = 0; i < NT; ++i)
-        if (a.tile_begin + b * NT + i < a.tile_end) compute_tile<F, D, SM>(cur[i], qf, a, a.tile_begin + b * NT + i, lane, st);
+        if (a.tile_begin + b * NT + i < a.tile_end) compute_tiles<F, D, SM, 1>(&cur[i], qf, a, a.tile_begin + b * NT + i, lane, st);
 #pragma unroll
       for (int i = 0; i < NT; ++i) cur[i] = nxt[i];
     }
@@ -320,7 +340,7 @@ __device__ __forceinline__ void run_part(const DecodeParams& p, const PartArgs& 
     for (;;) {
 #pragma unroll
       for (int i = 0; i < NT; ++i)
-        if (a.tile_begin + b * NT + i < a.tile_end) compute_tile<F, D, SM>(cur[i], qf, a, a.tile_begin + b * NT + i, lane, st);
+        if (a.tile_begin + b * NT + i < a.tile_end) compute_tiles<F, D, SM, 1>(&cur[i], qf, a, a.tile_begin + b * NT + i, lane, st);
       b += kDecodeWarps;
       if (b >= n_bundles) break;
 #pragma unroll
@@ -488,7 +508,7 @@ __device__ __forceinline__ PartArgs main_args(const DecodeParams& p, const CtaWo
     a.kconst *= __ldg(p.k_scales);
     a.lvconst = __log2f(__ldg(p.v_scales) * p.fnuz_factor);
   } else if constexpr (SM == ScaleMode::kToken) {
-    a.lvconst = p.fnuz_factor;  // compute_tile takes log2(v scale * this)
+    a.lvconst = p.fnuz_factor;  // compute_tiles takes log2(v scale * this)
   }
   return a;
 }
