@@ -132,7 +132,19 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
   j["date"] = now_utc();
   j["device"] = device_json(dev.value());
   j["copy"] = {{"bytes", copy->bytes}, {"us_median", copy->us_median}, {"tb_per_s", copy->tb_per_s}};
-  if (decode) j["read"] = {{"bytes", read_bw.bytes}, {"us_median", read_bw.us_median}, {"tb_per_s", read_bw.tb_per_s}};
+  if (decode) {
+    j["read"] = {{"bytes", read_bw.bytes}, {"us_median", read_bw.us_median}, {"tb_per_s", read_bw.tb_per_s}};
+    // The paged layout's own ceiling: reads in contiguous runs of one page-head tile.
+    nlohmann::json gathers = nlohmann::json::array();
+    for (const int chunk : {1024, 2048, 4096}) {
+      auto gb = kc::measure_gather_bandwidth(chunk, true);
+      if (!gb.is_ok()) return fail("gather bandwidth", gb.status());
+      std::printf("read-only gather of shuffled %d-byte chunks: %.3f TB/s (%.1f%% of the stream)\n", chunk, gb->tb_per_s,
+                  100 * gb->tb_per_s / read_bw.tb_per_s);
+      gathers.push_back({{"chunk_bytes", chunk}, {"shuffled", true}, {"us_median", gb->us_median}, {"tb_per_s", gb->tb_per_s}});
+    }
+    j["gather"] = gathers;
+  }
   j["timing"] = {{"iters", timing.iters}, {"warmup", timing.warmup}, {"cold_l2", timing.cold_l2}, {"graph_replays", true}};
 
   if (decode) {

@@ -133,6 +133,33 @@ __global__ void read_kernel(const uint4* __restrict__ src, size_t n, uint32_t ne
   if (acc == never) sink[0] = acc;
 }
 
+// Read-only gather of kChunk-byte chunks in the order of `perm`: the access pattern of a paged
+// cache, whose contiguous runs are one page-head tile (block_size x head_dim codes). U chunks per
+// warp are in flight (U x kChunk = 4 KB).
+template <int kChunk, int U>
+__global__ void gather_kernel(const uint4* __restrict__ src, const int32_t* __restrict__ perm, int n_chunks,
+                              uint32_t never, uint32_t* sink) {
+  constexpr int kPer = kChunk / 16 / 32;  // 16-byte loads per lane per chunk
+  const int warps = static_cast<int>(gridDim.x * blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+  uint32_t acc = 0;
+  for (int i = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32); i < n_chunks; i += U * warps) {
+    uint4 v[U][kPer];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = i + u * warps;
+      const uint4* c = src + static_cast<size_t>(j < n_chunks ? __ldg(perm + j) : 0) * (kChunk / 16);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) v[u][k] = j < n_chunks ? __ldcs(c + k * 32 + lane) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) acc ^= v[u][k].x ^ v[u][k].y ^ v[u][k].z ^ v[u][k].w;
+  }
+  if (acc == never) sink[0] = acc;
+}
+
 size_t elem_bytes(Format f) { return static_cast<size_t>(format_bits(f)) / 8; }
 
 }  // namespace
@@ -222,6 +249,52 @@ Result<CopyBandwidth> measure_read_bandwidth(size_t bytes, int iters) {
   CopyBandwidth c;
   c.bytes = static_cast<double>(bytes);
   c.us_median = best_us;
+  c.tb_per_s = c.bytes / (c.us_median * 1e-6) / 1e12;
+  return c;
+}
+
+Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, size_t bytes, int iters) {
+  if (chunk_bytes != 1024 && chunk_bytes != 2048 && chunk_bytes != 4096)
+    return invalid_argument("bench: gather chunks of 1024, 2048 or 4096 bytes");
+  auto src = DeviceBuffer::create(bytes);
+  if (!src.is_ok()) return src.status();
+  auto sink = DeviceBuffer::create(16);
+  if (!sink.is_ok()) return sink.status();
+  KVQ_RETURN_IF_ERROR(src.value().fill_byte(0x3c));
+  const int n = static_cast<int>(bytes / chunk_bytes);
+  std::vector<int32_t> perm(n);
+  std::iota(perm.begin(), perm.end(), 0);
+  if (shuffled) {
+    std::mt19937_64 rng(3);
+    std::shuffle(perm.begin(), perm.end(), rng);
+  }
+  auto dperm = DeviceBuffer::create(perm.size() * 4);
+  if (!dperm.is_ok()) return dperm.status();
+  KVQ_RETURN_IF_ERROR(dperm.value().upload(perm.data(), perm.size() * 4));
+  auto dev = cuda_device_info();
+  if (!dev.is_ok()) return dev.status();
+  BenchTiming timing;
+  timing.iters = std::max(iters, 30);
+  timing.warmup = 10;
+  timing.cold_l2 = false;
+  Timer t;
+  KVQ_RETURN_IF_ERROR(t.init());
+  Graph g;
+  KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+    const uint4* p = src.value().as<uint4>();
+    const int32_t* pm = dperm.value().as<int32_t>();
+    uint32_t* out = sink.value().as<uint32_t>();
+    const int grid = dev->sm_count * 8;
+    if (chunk_bytes == 1024) gather_kernel<1024, 4><<<grid, 256, 0, s>>>(p, pm, n, 1u, out);
+    if (chunk_bytes == 2048) gather_kernel<2048, 2><<<grid, 256, 0, s>>>(p, pm, n, 1u, out);
+    if (chunk_bytes == 4096) gather_kernel<4096, 1><<<grid, 256, 0, s>>>(p, pm, n, 1u, out);
+    return detail::launch_status("gather kernel");
+  }));
+  auto st = time_graph(t, g, timing, nullptr);
+  if (!st.is_ok()) return st.status();
+  CopyBandwidth c;
+  c.bytes = static_cast<double>(n) * chunk_bytes;
+  c.us_median = st->median;
   c.tb_per_s = c.bytes / (c.us_median * 1e-6) / 1e12;
   return c;
 }

@@ -85,18 +85,47 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   const detail::DecodeKernelFn kern = kernel_for(a.geom);
   p.threads = kern.bulk ? detail::kBulkThreads : detail::kDecodeThreads;
   if (kern.bulk) {
-    // Ring depth: about kRingBytes of pages in flight per CTA, a whole number of pages per consumer warp.
-    constexpr int kRingBytes = 48 << 10;
-    const int stage = detail::bulk_stage_bytes(a.geom);
-    int stages = opts.ring_stages > 0 ? opts.ring_stages : kRingBytes / stage;
-    stages = std::clamp(stages / detail::kDecodeWarps * detail::kDecodeWarps, detail::kDecodeWarps, detail::kMaxStages);
-    p.ring_stages = stages;
-    p.smem_bytes = detail::kRingOffset + stages * stage;
-    const cudaError_t e = cudaFuncSetAttribute(kern.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, p.smem_bytes);
-    if (e != cudaSuccess) {
+    // Allow the kernel the whole opt-in shared memory once: the attribute is per function, and plans
+    // of other geometries (block size) share the instance with rings of other sizes.
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, kern.fn) != cudaSuccess) {
       cudaGetLastError();
-      return detail::cuda_status(e, "cuda decode: reserving the shared-memory ring");
+      return internal_error("cuda decode: cannot read the kernel's shared-memory size");
     }
+    // A CudaDeviceInfo filled by hand may lack the opt-in limit: every CUDA GPU grants 48 KB.
+    const size_t optin = dev.smem_per_block_optin > 0 ? dev.smem_per_block_optin : size_t{48} << 10;
+    const int max_dyn = static_cast<int>(optin) - static_cast<int>(fa.sharedSizeBytes);
+    KVQ_RETURN_IF_ERROR(detail::cuda_status(
+        cudaFuncSetAttribute(kern.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dyn), "cuda decode: reserving the ring"));
+    const int stage = detail::bulk_stage_bytes(a.geom);
+    auto ring_bytes = [&](int s) { return detail::kRingOffset + s * stage; };
+    auto occupancy = [&](int s) {
+      int n = 0;
+      if (ring_bytes(s) > max_dyn ||
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern.fn, p.threads, ring_bytes(s)) != cudaSuccess) {
+        cudaGetLastError();
+        n = 0;
+      }
+      return n;
+    };
+    constexpr int kStep = detail::kDecodeWarps;  // a whole number of pages per consumer warp
+    int stages = kStep;
+    if (opts.ring_stages > 0) {
+      stages = std::clamp(opts.ring_stages / kStep * kStep, kStep, detail::kMaxStages);
+    } else {
+      // About kRingPerSm bytes of ring per SM, shared by the CTAs that fit with the shallowest ring,
+      // and never so deep that one fewer fits. Measured best depths (docs/GPU_NOTES.md §9): 16 pages
+      // of 2 KB (D64) and 8 of 4 KB (D128) at 3 CTAs/SM, 16 of 8 KB (D256) at 1 CTA/SM.
+      constexpr int kRingPerSm = 136 << 10;
+      const int base = occupancy(kStep);
+      stages = std::clamp(kRingPerSm / std::max(base, 1) / stage / kStep * kStep, kStep, detail::kMaxStages);
+      while (stages > kStep && occupancy(stages) < base) stages -= kStep;
+    }
+    while (stages > kStep && ring_bytes(stages) > max_dyn) stages -= kStep;
+    if (ring_bytes(stages) > max_dyn)
+      return unsupported("cuda decode: a page tile of " + str(stage) + " bytes does not fit the ring in shared memory");
+    p.ring_stages = stages;
+    p.smem_bytes = ring_bytes(stages);
   }
   int occ = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.fn, p.threads, p.smem_bytes) != cudaSuccess ||

@@ -87,6 +87,10 @@ Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int
 // Read-only streaming of `bytes` (default 1 GiB): 16-byte loads reduced to one word per thread, the
 // best of a few loads-in-flight variants, median of `iters`. Decode only reads, so this is its ceiling.
 Result<CopyBandwidth> measure_read_bandwidth(size_t bytes = size_t{1} << 30, int iters = 20);
+// Read-only gather of `chunk_bytes` (1, 2 or 4 KB) chunks, shuffled or in order: the ceiling of a
+// paged cache whose contiguous runs are page-head tiles of that size (docs/GPU_NOTES.md §9).
+Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, size_t bytes = size_t{1} << 30,
+                                               int iters = 20);
 
 Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& opts, const CopyBandwidth& copy,
                                                  const CopyBandwidth& read);
