@@ -160,6 +160,23 @@ __global__ void gather_kernel(const uint4* __restrict__ src, const int32_t* __re
   if (acc == never) sink[0] = acc;
 }
 
+// The ceilings stream GiB-sized buffers (L2 irrelevant) after a warmup that lets the clocks come up.
+BenchTiming ceiling_timing(int iters) {
+  BenchTiming t;
+  t.iters = std::max(iters, 30);
+  t.warmup = 20;
+  t.cold_l2 = false;
+  return t;
+}
+
+// A source of `bytes` filled with 0x3c: each 16-byte load of it XORs to 0 (the read kernels' `never` is 1).
+Result<DeviceBuffer> filled_source(size_t bytes) {
+  auto src = DeviceBuffer::create(bytes);
+  if (!src.is_ok()) return src.status();
+  KVQ_RETURN_IF_ERROR(src.value().fill_byte(0x3c));
+  return src;
+}
+
 size_t elem_bytes(Format f) { return static_cast<size_t>(format_bits(f)) / 8; }
 
 }  // namespace
@@ -177,17 +194,13 @@ std::vector<DecodeShape> default_decode_shapes() {
 }
 
 Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iters) {
-  auto src = DeviceBuffer::create(bytes);
+  auto src = filled_source(bytes);
   if (!src.is_ok()) return src.status();
   auto dst = DeviceBuffer::create(bytes);
   if (!dst.is_ok()) return dst.status();
-  KVQ_RETURN_IF_ERROR(src.value().fill_byte(0x3c));
   auto dev = cuda_device_info();
   if (!dev.is_ok()) return dev.status();
-  BenchTiming timing;
-  timing.iters = std::max(iters, 30);
-  timing.warmup = 20;      // let the clocks come up
-  timing.cold_l2 = false;  // 2 x 1 GiB dwarfs the L2 anyway
+  const BenchTiming timing = ceiling_timing(iters);
   double best_us = 0;
   for (int variant = 0; variant < 2; ++variant) {
     Timer t;
@@ -211,18 +224,13 @@ Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iters) {
 }
 
 Result<CopyBandwidth> measure_read_bandwidth(size_t bytes, int iters) {
-  auto src = DeviceBuffer::create(bytes);
+  auto src = filled_source(bytes);
   if (!src.is_ok()) return src.status();
   auto sink = DeviceBuffer::create(16);
   if (!sink.is_ok()) return sink.status();
-  // 0x3c in every byte XORs to 0 over each 16-byte load, so `never` = 1 is never met.
-  KVQ_RETURN_IF_ERROR(src.value().fill_byte(0x3c));
   auto dev = cuda_device_info();
   if (!dev.is_ok()) return dev.status();
-  BenchTiming timing;
-  timing.iters = std::max(iters, 30);
-  timing.warmup = 20;
-  timing.cold_l2 = false;  // 1 GiB dwarfs the L2
+  const BenchTiming timing = ceiling_timing(iters);
   double best_us = 0;
   struct Variant {
     int unroll, ctas_per_sm;
@@ -256,11 +264,10 @@ Result<CopyBandwidth> measure_read_bandwidth(size_t bytes, int iters) {
 Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, size_t bytes, int iters) {
   if (chunk_bytes != 1024 && chunk_bytes != 2048 && chunk_bytes != 4096)
     return invalid_argument("bench: gather chunks of 1024, 2048 or 4096 bytes");
-  auto src = DeviceBuffer::create(bytes);
+  auto src = filled_source(bytes);
   if (!src.is_ok()) return src.status();
   auto sink = DeviceBuffer::create(16);
   if (!sink.is_ok()) return sink.status();
-  KVQ_RETURN_IF_ERROR(src.value().fill_byte(0x3c));
   const int n = static_cast<int>(bytes / chunk_bytes);
   std::vector<int32_t> perm(n);
   std::iota(perm.begin(), perm.end(), 0);
@@ -273,10 +280,7 @@ Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, s
   KVQ_RETURN_IF_ERROR(dperm.value().upload(perm.data(), perm.size() * 4));
   auto dev = cuda_device_info();
   if (!dev.is_ok()) return dev.status();
-  BenchTiming timing;
-  timing.iters = std::max(iters, 30);
-  timing.warmup = 10;
-  timing.cold_l2 = false;
+  const BenchTiming timing = ceiling_timing(iters);
   Timer t;
   KVQ_RETURN_IF_ERROR(t.init());
   Graph g;
