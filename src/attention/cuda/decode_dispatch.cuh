@@ -12,12 +12,14 @@ struct DecodeKernelFn {
 using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 
 // 8-bit caches take the bulk-copy kernel, 16-bit caches the register kernel (docs/GPU_NOTES.md §9).
-// The register cap of the bulk kernel lets kBulkMinCtas CTAs share an SM (their rings too).
+// The register cap of the bulk kernel lets kBulkMinCtas CTAs share an SM (their rings too). D64 at 4
+// (96 registers, a 32-byte stack): SmolLM2 B64 L8192 fp8 131 -> 120 us at block 16, 93 -> 97 us at
+// block 32 (docs/GPU_NOTES.md §9); D128 at 4 would spill far more (128 already spills).
 template <Format F, int D, ScaleMode SM>
 DecodeKernelFn decode_instance() {
   constexpr bool k8bit = F != Format::kBf16 && F != Format::kFp16;
   if constexpr (k8bit) {
-    constexpr int kBulkMinCtas = D <= 128 ? 3 : 1;
+    constexpr int kBulkMinCtas = D == 64 ? 4 : D == 128 ? 3 : 1;
     return {decode_bulk_kernel<F, D, SM, kBulkMinCtas>, true};
   } else {
     return {decode_kernel<F, D, SM, 1>, false};
