@@ -20,9 +20,9 @@ if [[ $mode == pack ]]; then
   for b in kvq tests/test_attention_cuda tests/test_format_cuda tests/test_backend; do
     [[ -x $build/$b ]] && cp "$build/$b" .device/bin/ && strip -s ".device/bin/$(basename "$b")"
   done
-  # Shared libraries outside the C/C++ runtime that the GPU image may lack.
+  # Shared libraries outside the C/C++ runtime that the GPU image may lack (it brings cuBLAS).
   ldd .device/bin/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
-    grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+    grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcublas(Lt)?)\.so' |
     while read -r lib; do cp -L "$lib" .device/lib/; done
   gzip -9 .device/bin/* .device/lib/*
   du -sh .device
@@ -58,10 +58,10 @@ if [[ $steps == *info* ]]; then
   { nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; echo; ldd "$KVQ"; } >>"$OUT/env.txt" 2>&1
   note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
   if command -v cuobjdump >/dev/null; then
-    { cuobjdump --dump-resource-usage "${TESTS[0]}" 2>&1 | grep -A1 -E 'decode_kernel|write_(rows|segments)_kernel' | grep -E 'Function|REG' |
+    { cuobjdump --dump-resource-usage "${TESTS[0]}" 2>&1 | grep -A1 -E 'decode_(bulk_)?kernel|write_(rows|segments)_kernel' | grep -E 'Function|REG' |
         sed -E 's/.*Function ([^:]*):/\1/' | paste - - | sed -E 's/_ZN3kvq9attention4cuda6detail[0-9]*//' | cut -c1-220
-      echo "--- SASS op mix of decode_kernel<fp8_e4m3, 128, per-token>"
-      cuobjdump -sass -fun '_ZN3kvq9attention4cuda6detail13decode_kernelILNS_6FormatE2ELi128ELNS2_9ScaleModeE2ELi4EEEvNS2_12DecodeParamsE' \
+      echo "--- SASS op mix of decode_bulk_kernel<fp8_e4m3, 128, per-token>"
+      cuobjdump -sass -fun '_ZN3kvq9attention4cuda6detail18decode_bulk_kernelILNS_6FormatE2ELi128ELNS2_9ScaleModeE2ELi3EEEvNS2_12DecodeParamsE' \
         "${TESTS[0]}" 2>/dev/null | grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z0-9_.]+' | awk '{print $2}' >/tmp/ops.txt
       sed -E 's/\..*//' /tmp/ops.txt | sort | uniq -c | sort -rn | head -25
       echo "--- memory ops with their widths"
@@ -114,7 +114,7 @@ if [[ $steps == *configs* ]]; then
 fi
 
 if [[ $steps == *ncu* ]] && command -v ncu >/dev/null; then
-  timeout 180 ncu --clock-control none --kernel-name regex:decode_kernel --launch-skip 3 --launch-count 1 \
+  timeout 180 ncu --clock-control none --kernel-name regex:"decode_(bulk_)?kernel" --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats --section WarpStateStats \
     "$KVQ" bench decode --backend cuda --shapes "64,32,8,128,8192" --kv-cache-dtype fp8 --iters 30 ${KVQ_NCU_ARGS:-} >"$OUT/ncu.txt" 2>&1
   note "ncu: rc=$?"

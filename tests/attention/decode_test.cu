@@ -99,10 +99,16 @@ void check_case(const AttnCase& c) {
   a.softmax_scale = scale;
   ASSERT_OK(kc::can_implement(a));
 
-  // One, planned and an odd number of splits.
-  for (const int forced : {1, 0, 7}) {
+  // One, planned and an odd number of splits; then the smallest ring (8-bit caches), so every
+  // stage is reused many times and a stale phase or an early release would show.
+  struct Run {
+    int splits, ring_stages;
+  };
+  for (const Run run : {Run{1, 0}, Run{0, 0}, Run{7, 0}, Run{0, 4}}) {
+    const int forced = run.splits;
     kc::DecodeOptions opts;
     opts.force_splits = forced;
+    opts.ring_stages = run.ring_stages;
     auto plan = kc::plan(a, dev, opts);
     ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
     auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(a, plan.value()), 16));
@@ -115,7 +121,8 @@ void check_case(const AttnCase& c) {
     std::vector<float> got(q.size()), got_lse(ref_lse.size());
     ASSERT_OK(dout.value().download(got.data(), got.size() * 4));
     ASSERT_OK(dlse.value().download(got_lse.data(), got_lse.size() * 4));
-    const std::string tag = c.name() + " splits=" + std::to_string(plan.value().num_splits);
+    const std::string tag = c.name() + " splits=" + std::to_string(plan.value().num_splits) +
+                            " stages=" + std::to_string(plan.value().ring_stages);
     ASSERT_TRUE(testing::all_finite(got.data(), got.size())) << tag << ": output has NaN/inf (unwritten or poisoned read)";
     // Per (sequence, head) rows, so a single bad row cannot hide in a large norm.
     double worst = 0;
@@ -126,7 +133,7 @@ void check_case(const AttnCase& c) {
                                    << tables.seq_lens[r / hq] << ", sink " << tables.sink_lens[r / hq] << ")";
       ASSERT_NEAR(got_lse[r], ref_lse[r], kLseAbs) << tag << " lse row " << r;
     }
-    ::testing::Test::RecordProperty("worst_rel_l2_s" + std::to_string(forced),
+    ::testing::Test::RecordProperty("worst_rel_l2_s" + std::to_string(forced) + "_r" + std::to_string(run.ring_stages),
                                     std::to_string(worst));
   }
 }
@@ -152,6 +159,11 @@ std::vector<AttnCase> gpu_cases() {
   add(Format::kFp8E4m3, ScaleGranularity::kPerTensor, 256, 1, 8, 16, 256, {2600, 256, 257, 1});
   add(Format::kFp16, ScaleGranularity::kPerTokenHead, 128, 2, 2, 16, 16, {700, 16, 15});
   add(Format::kInt8, ScaleGranularity::kPerTokenHead, 256, 2, 5, 32, 0, {1000, 32, 31});
+  // The bulk kernel: per-block scales read out of their 16-byte chunk (3 kv heads: every offset in
+  // the chunk), and SmolLM2's shape (head_dim 64, GQA 3) with pages spread over many ring laps.
+  add(Format::kFp8E4m3, ScaleGranularity::kPerBlockHead, 128, 3, 3, 16, 0, {2000, 5, 16});
+  add(Format::kFp8E4m3Fnuz, ScaleGranularity::kPerTokenHead, 64, 3, 3, 16, 16, {4000, 100, 17});
+  add(Format::kInt8, ScaleGranularity::kPerTensor, 64, 1, 9, 32, 48, {1200, 49});
   return out;
 }
 

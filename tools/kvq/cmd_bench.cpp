@@ -3,6 +3,7 @@
 // (kvq/attention/cuda/bench.h has the method). The CPU kernels have their own Google Benchmark
 // binary (kvq_bench_cpu).
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <memory>
@@ -120,10 +121,30 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
   std::printf("device: %s, %d SMs, L2 %zu MiB\n", dev->name.c_str(), dev->sm_count, dev->l2_bytes >> 20);
   std::printf("device-to-device copy: %.3f TB/s (read + write, %.0f MB in %.1f us)\n", copy->tb_per_s, copy->bytes / 1e6,
               copy->us_median);
+  kc::CopyBandwidth read_bw;
+  if (decode) {
+    auto r = kc::measure_read_bandwidth();
+    if (!r.is_ok()) return fail("read bandwidth", r.status());
+    read_bw = r.value();
+    std::printf("read-only stream: %.3f TB/s (%.0f MB in %.1f us)\n", read_bw.tb_per_s, read_bw.bytes / 1e6, read_bw.us_median);
+  }
   nlohmann::json j;
   j["date"] = now_utc();
   j["device"] = device_json(dev.value());
   j["copy"] = {{"bytes", copy->bytes}, {"us_median", copy->us_median}, {"tb_per_s", copy->tb_per_s}};
+  if (decode) {
+    j["read"] = {{"bytes", read_bw.bytes}, {"us_median", read_bw.us_median}, {"tb_per_s", read_bw.tb_per_s}};
+    // The paged layout's own ceiling: reads in contiguous runs of one page-head tile.
+    nlohmann::json gathers = nlohmann::json::array();
+    for (const int chunk : {1024, 2048, 4096}) {
+      auto gb = kc::measure_gather_bandwidth(chunk, true);
+      if (!gb.is_ok()) return fail("gather bandwidth", gb.status());
+      std::printf("read-only gather of shuffled %d-byte chunks: %.3f TB/s (%.1f%% of the stream)\n", chunk, gb->tb_per_s,
+                  100 * gb->tb_per_s / read_bw.tb_per_s);
+      gathers.push_back({{"chunk_bytes", chunk}, {"shuffled", true}, {"us_median", gb->us_median}, {"tb_per_s", gb->tb_per_s}});
+    }
+    j["gather"] = gathers;
+  }
   j["timing"] = {{"iters", timing.iters}, {"warmup", timing.warmup}, {"cold_l2", timing.cold_l2}, {"graph_replays", true}};
 
   if (decode) {
@@ -134,15 +155,18 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
     d.block_size = grid.block_size;
     d.sink_tokens = grid.sink_tokens;
     d.force_splits = o.splits;
+    // Measurement knob for the ring-depth sweep of docs/GPU_NOTES.md §9 (not a user setting).
+    if (const char* env = std::getenv("KVQ_DECODE_RING_STAGES")) d.ring_stages = std::atoi(env);
     d.timing = timing;
-    auto rows = kc::bench_decode(d, copy.value());
+    auto rows = kc::bench_decode(d, copy.value(), read_bw);
     if (!rows.is_ok()) return fail("decode", rows.status());
-    std::printf("\n%-30s %-13s %5s %6s %4s %10s %8s %7s %8s\n", "shape", "format", "sink", "splits", "ctas", "median_us",
-                "TB/s", "%copy", "x_bf16");
+    std::printf("\n%-30s %-13s %5s %6s %4s %6s %10s %8s %7s %7s %8s\n", "shape", "format", "sink", "splits", "ctas",
+                "stages", "median_us", "TB/s", "%copy", "%read", "t/bf16");
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : rows.value()) {
-      std::printf("%-30s %-13s %5d %6d %4d %10.2f %8.3f %6.1f%% %8.3f\n", r.shape.label().c_str(), format_name(r.format),
-                  r.sink_tokens, r.splits, r.ctas_per_sm, r.us_median, r.tb_per_s, 100 * r.frac_of_copy, r.speedup_vs_bf16);
+      std::printf("%-30s %-13s %5d %6d %4d %6d %10.2f %8.3f %6.1f%% %6.1f%% %8.3f\n", r.shape.label().c_str(),
+                  format_name(r.format), r.sink_tokens, r.splits, r.ctas_per_sm, r.ring_stages, r.us_median, r.tb_per_s,
+                  100 * r.frac_of_copy, 100 * r.frac_of_read, r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0);
       arr.push_back({{"batch", r.shape.batch},
                      {"num_q_heads", r.shape.num_q_heads},
                      {"num_kv_heads", r.shape.num_kv_heads},
@@ -160,6 +184,8 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
                      {"kv_bytes", r.kv_bytes},
                      {"tb_per_s", r.tb_per_s},
                      {"frac_of_copy", r.frac_of_copy},
+                     {"frac_of_read", r.frac_of_read},
+                     {"ring_stages", r.ring_stages},
                      {"speedup_vs_bf16", r.speedup_vs_bf16},
                      {"time_vs_bf16", r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0}});
     }

@@ -112,6 +112,71 @@ __global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ d
   for (; i < n; i += stride) __stcs(dst + i, __ldcs(src + i));
 }
 
+// A read-only stream: U independent 16-byte loads in flight per thread, XOR-reduced; the result is
+// stored only under a condition the data never meets, so the loads stay live but nothing is written.
+template <int U>
+__global__ void read_kernel(const uint4* __restrict__ src, size_t n, uint32_t never, uint32_t* sink) {
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  uint32_t acc = 0;
+  for (; i + (U - 1) * stride < n; i += U * stride) {
+    uint4 v[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) v[u] = __ldcs(src + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 v = __ldcs(src + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == never) sink[0] = acc;
+}
+
+// Read-only gather of kChunk-byte chunks in the order of `perm`: the access pattern of a paged
+// cache, whose contiguous runs are one page-head tile (block_size x head_dim codes). U chunks per
+// warp are in flight (U x kChunk = 4 KB).
+template <int kChunk, int U>
+__global__ void gather_kernel(const uint4* __restrict__ src, const int32_t* __restrict__ perm, int n_chunks,
+                              uint32_t never, uint32_t* sink) {
+  constexpr int kPer = kChunk / 16 / 32;  // 16-byte loads per lane per chunk
+  const int warps = static_cast<int>(gridDim.x * blockDim.x / 32);
+  const int lane = threadIdx.x % 32;
+  uint32_t acc = 0;
+  for (int i = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32); i < n_chunks; i += U * warps) {
+    uint4 v[U][kPer];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int j = i + u * warps;
+      const uint4* c = src + static_cast<size_t>(j < n_chunks ? __ldg(perm + j) : 0) * (kChunk / 16);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) v[u][k] = j < n_chunks ? __ldcs(c + k * 32 + lane) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) acc ^= v[u][k].x ^ v[u][k].y ^ v[u][k].z ^ v[u][k].w;
+  }
+  if (acc == never) sink[0] = acc;
+}
+
+// The ceilings stream GiB-sized buffers (L2 irrelevant) after a warmup that lets the clocks come up.
+BenchTiming ceiling_timing(int iters) {
+  BenchTiming t;
+  t.iters = std::max(iters, 30);
+  t.warmup = 20;
+  t.cold_l2 = false;
+  return t;
+}
+
+// A source of `bytes` filled with 0x3c: each 16-byte load of it XORs to 0 (the read kernels' `never` is 1).
+Result<DeviceBuffer> filled_source(size_t bytes) {
+  auto src = DeviceBuffer::create(bytes);
+  if (!src.is_ok()) return src.status();
+  KVQ_RETURN_IF_ERROR(src.value().fill_byte(0x3c));
+  return src;
+}
+
 size_t elem_bytes(Format f) { return static_cast<size_t>(format_bits(f)) / 8; }
 
 }  // namespace
@@ -129,17 +194,13 @@ std::vector<DecodeShape> default_decode_shapes() {
 }
 
 Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iters) {
-  auto src = DeviceBuffer::create(bytes);
+  auto src = filled_source(bytes);
   if (!src.is_ok()) return src.status();
   auto dst = DeviceBuffer::create(bytes);
   if (!dst.is_ok()) return dst.status();
-  KVQ_RETURN_IF_ERROR(src.value().fill_byte(0x3c));
   auto dev = cuda_device_info();
   if (!dev.is_ok()) return dev.status();
-  BenchTiming timing;
-  timing.iters = std::max(iters, 30);
-  timing.warmup = 20;      // let the clocks come up
-  timing.cold_l2 = false;  // 2 x 1 GiB dwarfs the L2 anyway
+  const BenchTiming timing = ceiling_timing(iters);
   double best_us = 0;
   for (int variant = 0; variant < 2; ++variant) {
     Timer t;
@@ -158,6 +219,86 @@ Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iters) {
   CopyBandwidth c;
   c.bytes = 2.0 * static_cast<double>(bytes);
   c.us_median = best_us;
+  c.tb_per_s = c.bytes / (c.us_median * 1e-6) / 1e12;
+  return c;
+}
+
+Result<CopyBandwidth> measure_read_bandwidth(size_t bytes, int iters) {
+  auto src = filled_source(bytes);
+  if (!src.is_ok()) return src.status();
+  auto sink = DeviceBuffer::create(16);
+  if (!sink.is_ok()) return sink.status();
+  auto dev = cuda_device_info();
+  if (!dev.is_ok()) return dev.status();
+  const BenchTiming timing = ceiling_timing(iters);
+  double best_us = 0;
+  struct Variant {
+    int unroll, ctas_per_sm;
+  };
+  for (const Variant v : {Variant{4, 8}, Variant{8, 8}, Variant{4, 16}}) {
+    Timer t;
+    KVQ_RETURN_IF_ERROR(t.init());
+    Graph g;
+    KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+      const int grid = dev->sm_count * v.ctas_per_sm, block = 2048 / v.ctas_per_sm;
+      const uint4* p = src.value().as<uint4>();
+      uint32_t* out = sink.value().as<uint32_t>();
+      if (v.unroll == 4) {
+        read_kernel<4><<<grid, block, 0, s>>>(p, bytes / 16, 1u, out);
+      } else {
+        read_kernel<8><<<grid, block, 0, s>>>(p, bytes / 16, 1u, out);
+      }
+      return detail::launch_status("read kernel");
+    }));
+    auto st = time_graph(t, g, timing, nullptr);
+    if (!st.is_ok()) return st.status();
+    if (best_us == 0 || st->median < best_us) best_us = st->median;
+  }
+  CopyBandwidth c;
+  c.bytes = static_cast<double>(bytes);
+  c.us_median = best_us;
+  c.tb_per_s = c.bytes / (c.us_median * 1e-6) / 1e12;
+  return c;
+}
+
+Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, size_t bytes, int iters) {
+  if (chunk_bytes != 1024 && chunk_bytes != 2048 && chunk_bytes != 4096)
+    return invalid_argument("bench: gather chunks of 1024, 2048 or 4096 bytes");
+  auto src = filled_source(bytes);
+  if (!src.is_ok()) return src.status();
+  auto sink = DeviceBuffer::create(16);
+  if (!sink.is_ok()) return sink.status();
+  const int n = static_cast<int>(bytes / chunk_bytes);
+  std::vector<int32_t> perm(n);
+  std::iota(perm.begin(), perm.end(), 0);
+  if (shuffled) {
+    std::mt19937_64 rng(3);
+    std::shuffle(perm.begin(), perm.end(), rng);
+  }
+  auto dperm = DeviceBuffer::create(perm.size() * 4);
+  if (!dperm.is_ok()) return dperm.status();
+  KVQ_RETURN_IF_ERROR(dperm.value().upload(perm.data(), perm.size() * 4));
+  auto dev = cuda_device_info();
+  if (!dev.is_ok()) return dev.status();
+  const BenchTiming timing = ceiling_timing(iters);
+  Timer t;
+  KVQ_RETURN_IF_ERROR(t.init());
+  Graph g;
+  KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+    const uint4* p = src.value().as<uint4>();
+    const int32_t* pm = dperm.value().as<int32_t>();
+    uint32_t* out = sink.value().as<uint32_t>();
+    const int grid = dev->sm_count * 8;
+    if (chunk_bytes == 1024) gather_kernel<1024, 4><<<grid, 256, 0, s>>>(p, pm, n, 1u, out);
+    if (chunk_bytes == 2048) gather_kernel<2048, 2><<<grid, 256, 0, s>>>(p, pm, n, 1u, out);
+    if (chunk_bytes == 4096) gather_kernel<4096, 1><<<grid, 256, 0, s>>>(p, pm, n, 1u, out);
+    return detail::launch_status("gather kernel");
+  }));
+  auto st = time_graph(t, g, timing, nullptr);
+  if (!st.is_ok()) return st.status();
+  CopyBandwidth c;
+  c.bytes = static_cast<double>(n) * chunk_bytes;
+  c.us_median = st->median;
   c.tb_per_s = c.bytes / (c.us_median * 1e-6) / 1e12;
   return c;
 }
@@ -229,10 +370,12 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, const D
   a.softmax_scale = 1.f / std::sqrt(static_cast<float>(sh.head_dim));
   DecodeOptions dopts;
   dopts.force_splits = o.force_splits;
+  dopts.ring_stages = o.ring_stages;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;
   row.ctas_per_sm = plan->ctas_per_sm;
+  row.ring_stages = plan->ring_stages;
   auto ws = DeviceBuffer::create(std::max<size_t>(workspace_size(a, plan.value()), 16));
   if (!ws.is_ok()) return ws.status();
 
@@ -258,7 +401,8 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, const D
 
 }  // namespace
 
-Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& o, const CopyBandwidth& copy) {
+Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& o, const CopyBandwidth& copy,
+                                                 const CopyBandwidth& read) {
   auto dev = cuda_device_info();
   if (!dev.is_ok()) return dev.status();
   auto flush = l2_flush_buffer();
@@ -271,6 +415,7 @@ Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& o, co
       if (!r.is_ok()) return Status(r.status().code(), sh.label() + " " + format_name(f) + ": " + r.status().message());
       DecodeBenchRow row = r.value();
       row.frac_of_copy = copy.tb_per_s > 0 ? row.tb_per_s / copy.tb_per_s : 0;
+      row.frac_of_read = read.tb_per_s > 0 ? row.tb_per_s / read.tb_per_s : 0;
       if (f == Format::kBf16) bf16_us = row.us_median;
       rows.push_back(row);
     }

@@ -64,9 +64,10 @@ Status can_implement(const DecodeArgs& a) {
   if (t.max_sink_blocks > 0 && (a.layer.k_sink == nullptr || a.layer.v_sink == nullptr))
     return invalid_argument("cuda decode: the batch has sink tables but the layer's sink planes are null");
   for (const void* p : {static_cast<const void*>(a.layer.k_codes), static_cast<const void*>(a.layer.v_codes),
+                        static_cast<const void*>(a.layer.k_scales), static_cast<const void*>(a.layer.v_scales),
                         static_cast<const void*>(a.layer.k_sink), static_cast<const void*>(a.layer.v_sink),
                         static_cast<const void*>(a.out)})
-    if (p != nullptr && !aligned16(p)) return invalid_argument("cuda decode: cache planes and out must be 16-byte aligned");
+    if (p != nullptr && !aligned16(p)) return invalid_argument("cuda decode: cache planes (codes, scales, sink) and out must be 16-byte aligned");
   if (!kernel_for(g)) return unsupported(std::string("cuda decode: no kernel for ") + format_name(g.format));
   return Status::ok();
 }
@@ -82,8 +83,52 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   p.num_q_heads = a.num_q_heads;
   p.max_tokens = (a.tables.max_blocks + a.tables.max_sink_blocks) * a.geom.block_size;
   const detail::DecodeKernelFn kern = kernel_for(a.geom);
+  p.threads = kern.bulk ? detail::kBulkThreads : detail::kDecodeThreads;
+  if (kern.bulk) {
+    // Allow the kernel the whole opt-in shared memory once: the attribute is per function, and plans
+    // of other geometries (block size) share the instance with rings of other sizes.
+    cudaFuncAttributes fa{};
+    if (cudaFuncGetAttributes(&fa, kern.fn) != cudaSuccess) {
+      cudaGetLastError();
+      return internal_error("cuda decode: cannot read the kernel's shared-memory size");
+    }
+    // A CudaDeviceInfo filled by hand may lack the opt-in limit: every CUDA GPU grants 48 KB.
+    const size_t optin = dev.smem_per_block_optin > 0 ? dev.smem_per_block_optin : size_t{48} << 10;
+    const int max_dyn = static_cast<int>(optin) - static_cast<int>(fa.sharedSizeBytes);
+    KVQ_RETURN_IF_ERROR(detail::cuda_status(
+        cudaFuncSetAttribute(kern.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dyn), "cuda decode: reserving the ring"));
+    const int stage = detail::bulk_stage_bytes(a.geom);
+    auto ring_bytes = [&](int s) { return detail::kRingOffset + s * stage; };
+    auto occupancy = [&](int s) {
+      int n = 0;
+      if (ring_bytes(s) > max_dyn ||
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern.fn, p.threads, ring_bytes(s)) != cudaSuccess) {
+        cudaGetLastError();
+        n = 0;
+      }
+      return n;
+    };
+    constexpr int kStep = detail::kDecodeWarps;  // a whole number of pages per consumer warp
+    int stages = kStep;
+    if (opts.ring_stages > 0) {
+      stages = std::clamp(opts.ring_stages / kStep * kStep, kStep, detail::kMaxStages);
+    } else {
+      // About kRingPerSm bytes of ring per SM, shared by the CTAs that fit with the shallowest ring,
+      // and never so deep that one fewer fits. Measured best depths (docs/GPU_NOTES.md §9): 16 pages
+      // of 2 KB (D64) and 8 of 4 KB (D128) at 3 CTAs/SM, 16 of 8 KB (D256) at 1 CTA/SM.
+      constexpr int kRingPerSm = 136 << 10;
+      const int base = occupancy(kStep);
+      stages = std::clamp(kRingPerSm / std::max(base, 1) / stage / kStep * kStep, kStep, detail::kMaxStages);
+      while (stages > kStep && occupancy(stages) < base) stages -= kStep;
+    }
+    while (stages > kStep && ring_bytes(stages) > max_dyn) stages -= kStep;
+    if (ring_bytes(stages) > max_dyn)
+      return unsupported("cuda decode: a page tile of " + str(stage) + " bytes does not fit the ring in shared memory");
+    p.ring_stages = stages;
+    p.smem_bytes = ring_bytes(stages);
+  }
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.fn, detail::kDecodeThreads, 0) != cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.fn, p.threads, p.smem_bytes) != cudaSuccess ||
       occ < 1) {
     cudaGetLastError();
     occ = 2;
@@ -123,9 +168,13 @@ size_t workspace_size(const DecodeArgs& a, const DecodePlan& p) {
 Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream stream) {
   KVQ_RETURN_IF_ERROR(can_implement(a));
   if (a.tables.num_seqs == 0) return Status::ok();
+  const detail::DecodeKernelFn kern = kernel_for(a.geom);
   if (a.tables.num_seqs != p.num_seqs || a.num_q_heads != p.num_q_heads || a.tables.max_blocks > p.max_blocks ||
-      a.tables.max_sink_blocks > p.max_sink_blocks || p.num_splits < 1)
-    return invalid_argument("cuda decode: the plan was made for another batch shape (sequences, heads or table widths); call plan() again");
+      a.tables.max_sink_blocks > p.max_sink_blocks || p.num_splits < 1 ||
+      p.threads != (kern.bulk ? detail::kBulkThreads : detail::kDecodeThreads) ||
+      (kern.bulk && (p.ring_stages < detail::kDecodeWarps || p.ring_stages > detail::kMaxStages ||
+                     p.smem_bytes != detail::kRingOffset + p.ring_stages * detail::bulk_stage_bytes(a.geom))))
+    return invalid_argument("cuda decode: the plan was made for another batch shape or cache geometry (sequences, heads, table widths, format); call plan() again");
   if (p.num_splits > 1 && (workspace == nullptr || !aligned16(workspace)))
     return invalid_argument("cuda decode: this plan needs a 16-byte aligned workspace of workspace_size() bytes");
   const cache::CacheGeometry& g = a.geom;
@@ -144,6 +193,8 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   k.geom = g;
   k.softmax_scale = a.softmax_scale;
   k.fnuz_factor = g.format == Format::kFp8E4m3Fnuz ? 0.5f : 1.f;
+  k.ring_stages = p.ring_stages;
+  k.stage_bytes = kern.bulk ? detail::bulk_stage_bytes(g) : 0;
   if (p.num_splits > 1) {
     const size_t rows = static_cast<size_t>(a.tables.num_seqs) * a.num_q_heads * p.num_splits;
     k.part_out = static_cast<float*>(workspace);
@@ -151,7 +202,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   }
   const dim3 grid(p.num_splits, g.num_kv_heads * p.head_groups, a.tables.num_seqs);
   if (grid.y > 65535) return unsupported("cuda decode: too many kv heads x head groups for one launch");
-  kernel_for(g).fn<<<grid, detail::kDecodeThreads, 0, stream>>>(k);
+  kern.fn<<<grid, p.threads, p.smem_bytes, stream>>>(k);
   KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;

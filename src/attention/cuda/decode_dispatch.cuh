@@ -1,24 +1,28 @@
 #pragma once
 // Kernel instances live in several translation units so they compile in parallel.
-#include "decode_kernel.cuh"
+#include "decode_bulk_kernel.cuh"
 
 namespace kvq::attention::cuda::detail {
 
 struct DecodeKernelFn {
   void (*fn)(DecodeParams) = nullptr;
+  bool bulk = false;  // decode_bulk_kernel: kBulkThreads threads and a dynamic shared-memory ring
   explicit operator bool() const { return fn != nullptr; }
 };
 using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 
-// Occupancy target per instance: 8-bit caches with head_dim <= 128 are capped at 128 registers
-// (4 CTAs = 16 warps per SM), measured faster than the uncapped kernel (docs/GPU_NOTES.md §5).
+// 8-bit caches take the bulk-copy kernel, 16-bit caches the register kernel (docs/GPU_NOTES.md §9).
+// The register cap of the bulk kernel lets kBulkMinCtas CTAs share an SM (their rings too). D64 at 4
+// (96 registers, a 32-byte stack): SmolLM2 B64 L8192 fp8 131 -> 120 us at block 16, 93 -> 97 us at
+// block 32 (docs/GPU_NOTES.md §9); D128 at 4 would spill far more (128 already spills).
 template <Format F, int D, ScaleMode SM>
 DecodeKernelFn decode_instance() {
   constexpr bool k8bit = F != Format::kBf16 && F != Format::kFp16;
-  if constexpr (k8bit && D <= 128) {
-    return {decode_kernel<F, D, SM, 4>};
+  if constexpr (k8bit) {
+    constexpr int kBulkMinCtas = D == 64 ? 4 : D == 128 ? 3 : 1;
+    return {decode_bulk_kernel<F, D, SM, kBulkMinCtas>, true};
   } else {
-    return {decode_kernel<F, D, SM, 1>};
+    return {decode_kernel<F, D, SM, 1>, false};
   }
 }
 

@@ -55,6 +55,8 @@ struct DecodeParams {
   int num_kv_heads, num_q_heads, group, head_groups, block_size, num_splits;
   float softmax_scale;
   float fnuz_factor;  // 0.5 for FNUZ read as OCP, else 1
+  int ring_stages;    // bulk kernel: pages in flight per CTA (a multiple of kDecodeWarps, <= kMaxStages)
+  int stage_bytes;    // bulk kernel: bytes of one ring stage (bulk_stage_bytes)
 };
 
 // ---- per-format fragment builders ------------------------------------------------------------------
@@ -175,51 +177,69 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const PartArgs&
   }
 }
 
-template <Format F, int D, ScaleMode SM>
-__device__ __forceinline__ void compute_tile(const Payload<F, D>& pl_in, const uint4* qf, const PartArgs& a, int tile,
-                                             int lane, State<D>& st) {
+// N consecutive tiles (tile, tile + 1, ...) in one online-softmax step: their QK chains are
+// independent (the query fragment is loaded once for all), and the max, rescale and shuffle work is
+// paid once per step instead of once per tile. Tiles past the part's end are masked.
+template <Format F, int D, ScaleMode SM, int N>
+__device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const uint4* qf, const PartArgs& a, int tile,
+                                              int lane, State<D>& st) {
   using P = Path<F>;
   const int t = lane & 3;
-  const int nvalid = min(kTileTokens, a.n_tokens - tile * kTileTokens);
-  const bool ok0 = 2 * t < nvalid, ok1 = 2 * t + 1 < nvalid;
+  constexpr float kNegInf = -__builtin_huge_valf();
+  bool ok0[N], ok1[N];
+  float s0[N], s1[N], u0[N], u1[N];
 
-  // Logits of head g for tokens 2t, 2t+1.
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  // Logits of head g for tokens 2t, 2t+1 of each tile.
+  float c[N][4];
+#pragma unroll
+  for (int n = 0; n < N; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
 #pragma unroll
   for (int M = 0; M < D / 16; ++M) {
-    uint32_t b0, b1;
-    P::k_frag(pl_in.k, M, b0, b1);
     const uint4 qa = qf[M * 32 + lane];
-    if constexpr (P::kBf16Mma) {
-      mma_m16n8k16_bf16(c, qa, b0, b1);
-    } else {
-      mma_m16n8k16_f16(c, qa, b0, b1);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      uint32_t b0, b1;
+      P::k_frag(pl_in[n].k, M, b0, b1);
+      if constexpr (P::kBf16Mma) {
+        mma_m16n8k16_bf16(c[n], qa, b0, b1);
+      } else {
+        mma_m16n8k16_f16(c[n], qa, b0, b1);
+      }
     }
   }
-  float km0 = a.kconst, km1 = a.kconst, lv0 = a.lvconst, lv1 = a.lvconst;
-  if constexpr (SM == ScaleMode::kToken) {
-    km0 *= pl_in.ks0;
-    km1 *= pl_in.ks1;
-    lv0 = __log2f(pl_in.vs0 * a.lvconst);  // kToken parts pass the V factor itself in lvconst
-    lv1 = __log2f(pl_in.vs1 * a.lvconst);
+  float smax = kNegInf, umax = kNegInf;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const int nvalid = min(kTileTokens, a.n_tokens - (tile + n) * kTileTokens);
+    ok0[n] = 2 * t < nvalid, ok1[n] = 2 * t + 1 < nvalid;
+    float km0 = a.kconst, km1 = a.kconst, lv0 = a.lvconst, lv1 = a.lvconst;
+    if constexpr (SM == ScaleMode::kToken) {
+      km0 *= pl_in[n].ks0;
+      km1 *= pl_in[n].ks1;
+      lv0 = __log2f(pl_in[n].vs0 * a.lvconst);  // kToken parts pass the V factor itself in lvconst
+      lv1 = __log2f(pl_in[n].vs1 * a.lvconst);
+    }
+    s0[n] = ok0[n] ? (c[n][0] + c[n][2]) * km0 : kNegInf;
+    s1[n] = ok1[n] ? (c[n][1] + c[n][3]) * km1 : kNegInf;
+    u0[n] = ok0[n] ? s0[n] + lv0 : kNegInf;
+    u1[n] = ok1[n] ? s1[n] + lv1 : kNegInf;
+    smax = fmaxf(smax, fmaxf(s0[n], s1[n]));
+    umax = fmaxf(umax, fmaxf(u0[n], u1[n]));
   }
-  constexpr float kNegInf = -__builtin_huge_valf();
-  const float s0 = ok0 ? (c[0] + c[2]) * km0 : kNegInf;
-  const float s1 = ok1 ? (c[1] + c[3]) * km1 : kNegInf;
-  const float u0 = ok0 ? s0 + lv0 : kNegInf;
-  const float u1 = ok1 ? s1 + lv1 : kNegInf;
 
   // Online softmax: denominator over s, numerator over u = s + log2(v scale).
-  const float m_new = fmaxf(st.m, warp_max_xor(fmaxf(s0, s1), 2));
+  const float m_new = fmaxf(st.m, warp_max_xor(smax, 2));
   const float m_use = m_new == kNegInf ? 0.f : m_new;
   const float alpha = exp2f(st.m - m_use);
-  st.l = st.l * alpha + exp2f(s0 - m_use) + exp2f(s1 - m_use);
+  float lsum = 0.f;
+#pragma unroll
+  for (int n = 0; n < N; ++n) lsum += exp2f(s0[n] - m_use) + exp2f(s1[n] - m_use);
+  st.l = st.l * alpha + lsum;
   st.m = m_new;
-  const float mv_new = fmaxf(st.mv, warp_max_xor(fmaxf(u0, u1), 2));
+  const float mv_new = fmaxf(st.mv, warp_max_xor(umax, 2));
   const float mv_use = mv_new == kNegInf ? 0.f : mv_new;
   const float beta = exp2f(st.mv - mv_use);
   st.mv = mv_new;
-  const float w0 = exp2f(u0 - mv_use), w1 = exp2f(u1 - mv_use);
 
   // Rescale O (heads 2t, 2t+1 live in this lane; their factors in lanes 8t and 8t + 4).
   const float beta_a = __shfl_sync(0xffffffffu, beta, 8 * t);
@@ -234,27 +254,29 @@ __device__ __forceinline__ void compute_tile(const Payload<F, D>& pl_in, const u
     }
   }
 
-  uint32_t p_hi, p_lo;
-  split2<P::kBf16Mma>(w0, w1, p_hi, p_lo);
-
-  // Unwritten slots of a partial tile may hold anything (NaN codes): zero their V.
   constexpr int kVW = TileShape<F, D>::kVWords;
-  uint32_t va[kVW], vb[kVW];
 #pragma unroll
-  for (int i = 0; i < kVW; ++i) {
-    va[i] = ok0 ? pl_in.va[i] : 0u;
-    vb[i] = ok1 ? pl_in.vb[i] : 0u;
-  }
+  for (int n = 0; n < N; ++n) {
+    uint32_t p_hi, p_lo;
+    split2<P::kBf16Mma>(exp2f(u0[n] - mv_use), exp2f(u1[n] - mv_use), p_hi, p_lo);
+    // Unwritten slots of a partial tile may hold anything (NaN codes): zero their V.
+    uint32_t va[kVW], vb[kVW];
 #pragma unroll
-  for (int jj = 0; jj < D / 16; ++jj) {
-    uint32_t a0, a1;
-    P::v_frag(va, vb, jj, a0, a1);
-    if constexpr (P::kBf16Mma) {
-      mma_m16n8k8_bf16(st.o[jj], a0, a1, p_hi);
-      mma_m16n8k8_bf16(st.o[jj], a0, a1, p_lo);
-    } else {
-      mma_m16n8k8_f16(st.o[jj], a0, a1, p_hi);
-      mma_m16n8k8_f16(st.o[jj], a0, a1, p_lo);
+    for (int i = 0; i < kVW; ++i) {
+      va[i] = ok0[n] ? pl_in[n].va[i] : 0u;
+      vb[i] = ok1[n] ? pl_in[n].vb[i] : 0u;
+    }
+#pragma unroll
+    for (int jj = 0; jj < D / 16; ++jj) {
+      uint32_t a0, a1;
+      P::v_frag(va, vb, jj, a0, a1);
+      if constexpr (P::kBf16Mma) {
+        mma_m16n8k8_bf16(st.o[jj], a0, a1, p_hi);
+        mma_m16n8k8_bf16(st.o[jj], a0, a1, p_lo);
+      } else {
+        mma_m16n8k8_f16(st.o[jj], a0, a1, p_hi);
+        mma_m16n8k8_f16(st.o[jj], a0, a1, p_lo);
+      }
     }
   }
 }
@@ -310,7 +332,7 @@ __device__ __forceinline__ void run_part(const DecodeParams& p, const PartArgs& 
       }
 #pragma unroll
       for (int i = 0; i < NT; ++i)
-        if (a.tile_begin + b * NT + i < a.tile_end) compute_tile<F, D, SM>(cur[i], qf, a, a.tile_begin + b * NT + i, lane, st);
+        if (a.tile_begin + b * NT + i < a.tile_end) compute_tiles<F, D, SM, 1>(&cur[i], qf, a, a.tile_begin + b * NT + i, lane, st);
 #pragma unroll
       for (int i = 0; i < NT; ++i) cur[i] = nxt[i];
     }
@@ -318,7 +340,7 @@ __device__ __forceinline__ void run_part(const DecodeParams& p, const PartArgs& 
     for (;;) {
 #pragma unroll
       for (int i = 0; i < NT; ++i)
-        if (a.tile_begin + b * NT + i < a.tile_end) compute_tile<F, D, SM>(cur[i], qf, a, a.tile_begin + b * NT + i, lane, st);
+        if (a.tile_begin + b * NT + i < a.tile_end) compute_tiles<F, D, SM, 1>(&cur[i], qf, a, a.tile_begin + b * NT + i, lane, st);
       b += kDecodeWarps;
       if (b >= n_bundles) break;
 #pragma unroll
@@ -340,7 +362,7 @@ template <int D, int kB, bool kBf16>
 __device__ void build_q_frags(const float* q_rows, int valid_heads, float qscale, uint4* qf, int tid) {
   constexpr int kE = 16 / kB;            // elements per 16-byte chunk
   constexpr int kMmaPerChunk = kE / 4;
-  for (int idx = tid; idx < (D / 16) * 32; idx += kDecodeThreads) {
+  for (int idx = tid; idx < (D / 16) * 32; idx += blockDim.x) {
     const int M = idx / 32, ln = idx % 32, g = ln >> 2, t = ln & 3;
     const int j = M / kMmaPerChunk, i = M % kMmaPerChunk;
     const int d0 = (t + 4 * j) * kE + 4 * i;
@@ -368,47 +390,73 @@ struct DecodeSmem {
   unsigned qamax_bits;
 };
 
-// kMinCtas > 0 caps the registers so that many CTAs fit on an SM: more warps, hence more loads in
-// flight, at the price of a few spilled loop invariants (docs/GPU_NOTES.md has the measurements).
-template <Format F, int D, ScaleMode SM, int kMinCtas>
-__global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const DecodeParams p) {
-  __shared__ DecodeSmem<D> sm;
-  const int split = blockIdx.x;
-  const int kv_head = blockIdx.y / p.head_groups, hg = blockIdx.y % p.head_groups;
-  const int seq = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int hq0 = kv_head * p.group + hg * kMaxGroupPerCta;
-  const int valid_heads = min(kMaxGroupPerCta, p.group - hg * kMaxGroupPerCta);
+// ---- pieces shared by the register kernel (16-bit caches) and the bulk kernel (8-bit caches) ----------
 
-  const int len = p.seq_lens[seq];
-  const int sink_len = min(max(p.sink_lens[seq], 0), max(len, 0));
-  const int n_sink_tiles = (sink_len + kTileTokens - 1) / kTileTokens;
-  const int n_main = max(len, 0) - sink_len;
-  const int n_tiles = n_sink_tiles + (n_main + kTileTokens - 1) / kTileTokens;
-  const int per_split = (n_tiles + p.num_splits - 1) / p.num_splits;
-  const int t0 = min(split * per_split, n_tiles), t1 = min(t0 + per_split, n_tiles);
+// Which query heads and which tiles a CTA owns. Work units are the sink's 8-token tiles followed by
+// the main part's tiles; a split takes `per_split` consecutive units. The bulk kernel moves whole
+// pages, so it rounds per_split up to whole pages (unit_align = tiles per page) and gives each main
+// page to the split holding its first tile.
+struct CtaWork {
+  int kv_head, hq0, valid_heads, seq, split;
+  int sink_len, n_sink_tiles, n_main;
+  int sink_t0, sink_t1;  // sink tiles of this split
+  int main_t0, main_t1;  // main tiles of this split (whole pages when unit_align > 1)
+  __device__ bool empty() const { return sink_t0 >= sink_t1 && main_t0 >= main_t1; }
+};
 
+__device__ __forceinline__ CtaWork cta_work(const DecodeParams& p, int unit_align) {
+  CtaWork w;
+  w.split = blockIdx.x;
+  w.kv_head = blockIdx.y / p.head_groups;
+  const int hg = blockIdx.y % p.head_groups;
+  w.seq = blockIdx.z;
+  w.hq0 = w.kv_head * p.group + hg * kMaxGroupPerCta;
+  w.valid_heads = min(kMaxGroupPerCta, p.group - hg * kMaxGroupPerCta);
+  const int len = max(p.seq_lens[w.seq], 0);
+  w.sink_len = min(max(p.sink_lens[w.seq], 0), len);
+  w.n_sink_tiles = (w.sink_len + kTileTokens - 1) / kTileTokens;
+  w.n_main = len - w.sink_len;
+  const int main_units = (w.n_main + kTileTokens * unit_align - 1) / (kTileTokens * unit_align) * unit_align;
+  const int n_units = w.n_sink_tiles + main_units;
+  int per_split = (n_units + p.num_splits - 1) / p.num_splits;
+  per_split = (per_split + unit_align - 1) / unit_align * unit_align;
+  const int u0 = min(w.split * per_split, n_units), u1 = min(u0 + per_split, n_units);
+  w.sink_t0 = min(u0, w.n_sink_tiles), w.sink_t1 = min(u1, w.n_sink_tiles);
+  // A main page belongs to the split holding its first unit.
+  auto first_page = [&](int u) { return (max(u - w.n_sink_tiles, 0) + unit_align - 1) / unit_align; };
+  const int n_main_tiles = (w.n_main + kTileTokens - 1) / kTileTokens;
+  w.main_t0 = min(first_page(u0) * unit_align, n_main_tiles);
+  w.main_t1 = min(first_page(u1) * unit_align, n_main_tiles);
+  if (u1 == n_units) w.main_t1 = n_main_tiles;
+  return w;
+}
+
+// An empty split still owes the merge its weight 0.
+__device__ __forceinline__ void store_empty(const DecodeParams& p, const CtaWork& w, int D) {
   constexpr float kNegInf = -__builtin_huge_valf();
-  if (t0 >= t1) {  // nothing for this split: weight 0 in the merge
-    for (int idx = tid; idx < valid_heads * D; idx += kDecodeThreads) {
-      const size_t row = static_cast<size_t>(seq) * p.num_q_heads + hq0 + idx / D;
-      if (p.num_splits > 1) {
-        p.part_out[(row * p.num_splits + split) * D + idx % D] = 0.f;
-        if (idx % D == 0) p.part_lse[row * p.num_splits + split] = kNegInf;
-      } else {
-        p.out[row * D + idx % D] = 0.f;
-        if (idx % D == 0 && p.lse != nullptr) p.lse[row] = kNegInf;
-      }
+  for (int idx = threadIdx.x; idx < w.valid_heads * D; idx += blockDim.x) {
+    const size_t row = static_cast<size_t>(w.seq) * p.num_q_heads + w.hq0 + idx / D;
+    if (p.num_splits > 1) {
+      p.part_out[(row * p.num_splits + w.split) * D + idx % D] = 0.f;
+      if (idx % D == 0) p.part_lse[row * p.num_splits + w.split] = kNegInf;
+    } else {
+      p.out[row * D + idx % D] = 0.f;
+      if (idx % D == 0 && p.lse != nullptr) p.lse[row] = kNegInf;
     }
-    return;
   }
+}
 
-  // Query: a power-of-two prescale keeps fp16 fragments in range whatever the query's magnitude.
-  const float* q_rows = p.q + (static_cast<size_t>(seq) * p.num_q_heads + hq0) * D;
+// Query fragments for the main path (sm.qf[0]) and the bf16 sink path (sm.qf[1]); returns the
+// factor that undoes the power-of-two prescale, which keeps fp16 fragments in range whatever the
+// query's magnitude. Every thread of the CTA must call it (it synchronises).
+template <Format F, int D>
+__device__ float prepare_query(const DecodeParams& p, const CtaWork& w, DecodeSmem<D>& sm) {
+  const int tid = threadIdx.x;
+  const float* q_rows = p.q + (static_cast<size_t>(w.seq) * p.num_q_heads + w.hq0) * D;
   if (tid == 0) sm.qamax_bits = 0u;
   __syncthreads();
   float qa = 0.f;
-  for (int idx = tid; idx < valid_heads * D; idx += kDecodeThreads) qa = fmaxf(qa, fabsf(q_rows[idx]));
+  for (int idx = tid; idx < w.valid_heads * D; idx += blockDim.x) qa = fmaxf(qa, fabsf(q_rows[idx]));
   atomicMax(&sm.qamax_bits, __float_as_uint(qa));
   __syncthreads();
   const float qamax = __uint_as_float(sm.qamax_bits) * p.softmax_scale * kLog2e;
@@ -419,49 +467,63 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const 
     e = min(max(8 - x, -100), 100);
   }
   const float qscale = p.softmax_scale * kLog2e * ldexpf(1.f, e);
-  const float unscale = ldexpf(1.f, -e);
-
-  constexpr bool kMainBf16 = Path<F>::kBf16Mma;
-  build_q_frags<D, Path<F>::kBytes, kMainBf16>(q_rows, valid_heads, qscale, sm.qf[0], tid);
-  build_q_frags<D, 2, true>(q_rows, valid_heads, qscale, sm.qf[1], tid);
+  build_q_frags<D, Path<F>::kBytes, Path<F>::kBf16Mma>(q_rows, w.valid_heads, qscale, sm.qf[0], tid);
+  build_q_frags<D, 2, true>(q_rows, w.valid_heads, qscale, sm.qf[1], tid);
   __syncthreads();
+  return ldexpf(1.f, -e);
+}
 
-  State<D> st;
-  st.m = kNegInf, st.l = 0.f, st.mv = kNegInf;
+template <int D>
+__device__ __forceinline__ void init_state(State<D>& st) {
+  st.m = -__builtin_huge_valf(), st.l = 0.f, st.mv = -__builtin_huge_valf();
 #pragma unroll
   for (int jj = 0; jj < D / 16; ++jj) st.o[jj][0] = st.o[jj][1] = st.o[jj][2] = st.o[jj][3] = 0.f;
+}
 
-  if (t0 < n_sink_tiles) {
-    PartArgs a;
-    a.k = p.k_sink, a.v = p.v_sink, a.ks = nullptr, a.vs = nullptr;
-    a.table = p.sink_tables + static_cast<size_t>(seq) * p.max_sink_blocks;
-    a.n_tokens = sink_len;
-    a.tile_begin = t0, a.tile_end = min(t1, n_sink_tiles);
-    a.kconst = unscale, a.lvconst = 0.f;
-    run_part<Format::kBf16, D, ScaleMode::kNone>(p, a, kv_head, sm.qf[1], warp, lane, st);
-  }
-  if (t1 > n_sink_tiles) {
-    PartArgs a;
-    a.k = p.k_codes, a.v = p.v_codes, a.ks = p.k_scales, a.vs = p.v_scales;
-    a.table = p.block_tables + static_cast<size_t>(seq) * p.max_blocks;
-    a.n_tokens = n_main;
-    a.tile_begin = max(t0, n_sink_tiles) - n_sink_tiles, a.tile_end = t1 - n_sink_tiles;
-    a.kconst = unscale * p.fnuz_factor;
-    a.lvconst = 0.f;
-    if constexpr (SM == ScaleMode::kTensor) {
-      a.kconst *= __ldg(p.k_scales);
-      a.lvconst = __log2f(__ldg(p.v_scales) * p.fnuz_factor);
-    } else if constexpr (SM == ScaleMode::kToken) {
-      a.lvconst = p.fnuz_factor;  // compute_tile takes log2(v scale * this)
-    }
-    run_part<F, D, SM>(p, a, kv_head, sm.qf[0], warp, lane, st);
-  }
+// The bf16 sink tiles of this split, through the register path (they are few and 16-bit).
+template <int D>
+__device__ __forceinline__ void run_sink(const DecodeParams& p, const CtaWork& w, const uint4* qf, float unscale,
+                                         int warp, int lane, State<D>& st) {
+  if (w.sink_t0 >= w.sink_t1) return;
+  PartArgs a;
+  a.k = p.k_sink, a.v = p.v_sink, a.ks = nullptr, a.vs = nullptr;
+  a.table = p.sink_tables + static_cast<size_t>(w.seq) * p.max_sink_blocks;
+  a.n_tokens = w.sink_len;
+  a.tile_begin = w.sink_t0, a.tile_end = w.sink_t1;
+  a.kconst = unscale, a.lvconst = 0.f;
+  run_part<Format::kBf16, D, ScaleMode::kNone>(p, a, w.kv_head, qf, warp, lane, st);
+}
 
-  // Merge the warps. l is summed over the 4 lanes that share a head.
+// Arguments of the main (quantized) part: scale constants per mode.
+template <ScaleMode SM>
+__device__ __forceinline__ PartArgs main_args(const DecodeParams& p, const CtaWork& w, float unscale) {
+  PartArgs a;
+  a.k = p.k_codes, a.v = p.v_codes, a.ks = p.k_scales, a.vs = p.v_scales;
+  a.table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks;
+  a.n_tokens = w.n_main;
+  a.tile_begin = w.main_t0, a.tile_end = w.main_t1;
+  a.kconst = unscale * p.fnuz_factor;
+  a.lvconst = 0.f;
+  if constexpr (SM == ScaleMode::kTensor) {
+    a.kconst *= __ldg(p.k_scales);
+    a.lvconst = __log2f(__ldg(p.v_scales) * p.fnuz_factor);
+  } else if constexpr (SM == ScaleMode::kToken) {
+    a.lvconst = p.fnuz_factor;  // compute_tiles takes log2(v scale * this)
+  }
+  return a;
+}
+
+// Merges the kDecodeWarps consumer warps' softmax states through shared memory and stores the
+// CTA's rows. Warps >= kDecodeWarps (the bulk kernel's producer) only take part in the barriers.
+template <int D>
+__device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeSmem<D>& sm, State<D>& st, int warp,
+                                int lane) {
+  constexpr float kNegInf = -__builtin_huge_valf();
+  // l is summed over the 4 lanes that share a head.
   st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
   st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
   __syncthreads();  // everyone is done with the query fragments (union with o)
-  {
+  if (warp < kDecodeWarps) {
     const int g = lane >> 2, t = lane & 3;
     if (t == 0) {
       sm.m[warp][g] = st.m;
@@ -476,31 +538,51 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const 
     }
   }
   __syncthreads();
-  for (int idx = tid; idx < valid_heads * D; idx += kDecodeThreads) {
+  for (int idx = threadIdx.x; idx < w.valid_heads * D; idx += blockDim.x) {
     const int h = idx / D, d = idx % D;
     float M = kNegInf;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, sm.m[w][h]);
+    for (int v = 0; v < kDecodeWarps; ++v) M = fmaxf(M, sm.m[v][h]);
     const float M_use = M == kNegInf ? 0.f : M;
     float L = 0.f, num = 0.f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      L += sm.l[w][h] * exp2f(sm.m[w][h] - M_use);
-      const float mvw = sm.mv[w][h];
-      num += mvw == kNegInf ? 0.f : sm.o[w][h][d] * exp2f(mvw - M_use);
+    for (int v = 0; v < kDecodeWarps; ++v) {
+      L += sm.l[v][h] * exp2f(sm.m[v][h] - M_use);
+      const float mvw = sm.mv[v][h];
+      num += mvw == kNegInf ? 0.f : sm.o[v][h][d] * exp2f(mvw - M_use);
     }
     // L == 0 only for an empty split; a NaN from a bad read must reach the output.
     const float res = L == 0.f ? 0.f : num / L;
     const float lse2 = L == 0.f ? kNegInf : M + __log2f(L);
-    const size_t row = static_cast<size_t>(seq) * p.num_q_heads + hq0 + h;
+    const size_t row = static_cast<size_t>(w.seq) * p.num_q_heads + w.hq0 + h;
     if (p.num_splits > 1) {
-      p.part_out[(row * p.num_splits + split) * D + d] = res;
-      if (d == 0) p.part_lse[row * p.num_splits + split] = lse2;
+      p.part_out[(row * p.num_splits + w.split) * D + d] = res;
+      if (d == 0) p.part_lse[row * p.num_splits + w.split] = lse2;
     } else {
       p.out[row * D + d] = res;
       if (d == 0 && p.lse != nullptr) p.lse[row] = lse2 * kLn2;
     }
   }
+}
+
+// The register kernel (bf16/fp16 caches): every warp loads its own tiles with 16-byte loads and
+// keeps the next bundle in registers. 16-bit tiles carry 8 tokens in twice the bytes of an 8-bit
+// tile, so this path already streams near the bandwidth ceiling (docs/GPU_NOTES.md §4).
+template <Format F, int D, ScaleMode SM, int kMinCtas>
+__global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const DecodeParams p) {
+  __shared__ DecodeSmem<D> sm;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const CtaWork w = cta_work(p, 1);
+  if (w.empty()) {
+    store_empty(p, w, D);
+    return;
+  }
+  const float unscale = prepare_query<F, D>(p, w, sm);
+  State<D> st;
+  init_state(st);
+  run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
+  if (w.main_t0 < w.main_t1) run_part<F, D, SM>(p, main_args<SM>(p, w, unscale), w.kv_head, sm.qf[0], warp, lane, st);
+  merge_and_store<D>(p, w, sm, st, warp, lane);
 }
 
 // Log-sum-exp merge of the splits: one CTA per (sequence, query head), 4 dims per thread.

@@ -34,7 +34,7 @@ struct BenchTiming {
 };
 
 struct CopyBandwidth {
-  double bytes = 0;       // read + written per copy
+  double bytes = 0;       // moved per pass: read + written (copy), read (read-only stream)
   double us_median = 0;
   double tb_per_s = 0;
 };
@@ -46,6 +46,7 @@ struct DecodeBenchOptions {
   int block_size = 16;
   int sink_tokens = 256;  // quantized formats only; the bf16 baseline has no sink
   int force_splits = 0;
+  int ring_stages = 0;    // 8-bit caches: DecodeOptions::ring_stages (0: the planner's choice)
   uint64_t seed = 1;
   BenchTiming timing;
 };
@@ -59,6 +60,8 @@ struct DecodeBenchRow {
   double kv_bytes = 0;        // codes + scales + sink read
   double tb_per_s = 0;        // kv_bytes / median
   double frac_of_copy = 0;    // tb_per_s / copy bandwidth
+  double frac_of_read = 0;    // tb_per_s / read-only streaming bandwidth (decode only reads K/V)
+  int ring_stages = 0;        // 8-bit caches: pages in flight per CTA
   double speedup_vs_bf16 = 0; // bf16 median / this median (0 when bf16 was not run)
 };
 
@@ -81,8 +84,16 @@ struct WriteBenchRow {
 
 // Device-to-device copy of `bytes` (default 1 GiB), median of `iters`.
 Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int iters = 20);
+// Read-only streaming of `bytes` (default 1 GiB): 16-byte loads reduced to one word per thread, the
+// best of a few loads-in-flight variants, median of `iters`. Decode only reads, so this is its ceiling.
+Result<CopyBandwidth> measure_read_bandwidth(size_t bytes = size_t{1} << 30, int iters = 20);
+// Read-only gather of `chunk_bytes` (1, 2 or 4 KB) chunks, shuffled or in order: the ceiling of a
+// paged cache whose contiguous runs are page-head tiles of that size (docs/GPU_NOTES.md §9).
+Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, size_t bytes = size_t{1} << 30,
+                                               int iters = 20);
 
-Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& opts, const CopyBandwidth& copy);
+Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& opts, const CopyBandwidth& copy,
+                                                 const CopyBandwidth& read);
 Result<std::vector<WriteBenchRow>> bench_write(const WriteBenchOptions& opts, const CopyBandwidth& copy);
 
 }  // namespace kvq::attention::cuda

@@ -12,7 +12,10 @@
 //
 // One CTA handles (sequence, kv head, group of <= 8 query heads, KV split): every K/V byte of a
 // kv head is read once for its whole GQA group (groups larger than 8 query heads take several
-// CTAs). Dequantisation is fused: codes are converted in registers and multiplied on tensor cores
+// CTAs). 8-bit caches (fp8, FNUZ, int8): a producer warp copies whole page tiles (K, V, scales:
+// each contiguous in the pool) with cp.async.bulk into a ring of `ring_stages` pages in shared
+// memory, four consumer warps attend them from there; 16-bit caches load per lane into registers.
+// Dequantisation is fused: codes are converted in registers and multiplied on tensor cores
 // (mma.sync; fp8/int8 through exact fp16 values, bf16 natively) with the query and the
 // probabilities split into a high and a low half, so the products keep ~22 bits. Per-token and
 // per-page K scales multiply the logits, V scales ride on the probabilities in the log domain,
@@ -42,10 +45,14 @@ struct DecodePlan {
   int ctas_per_sm = 0;      // occupancy the plan assumed
   int max_tokens = 0;       // per sequence, from the table widths the plan was made for
   int max_blocks = 0, max_sink_blocks = 0, num_seqs = 0, num_q_heads = 0;  // what run() checks
+  int threads = 0;          // per CTA
+  int ring_stages = 0;      // 8-bit caches: pages in flight per CTA in the shared-memory ring
+  int smem_bytes = 0;       // dynamic shared memory per CTA (the ring and its barriers)
 };
 
 struct DecodeOptions {
   int force_splits = 0;  // > 0: use exactly this many splits (tests, tuning); 0: choose
+  int ring_stages = 0;   // 8-bit caches, > 0: ring depth in pages (rounded to a multiple of 4, 4..16); 0: choose
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).

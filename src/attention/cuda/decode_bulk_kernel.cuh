@@ -1,0 +1,178 @@
+#pragma once
+// The 8-bit decode kernel (fp8 OCP/FNUZ, int8): a producer warp streams whole page-head tiles into a
+// shared-memory ring with cp.async.bulk, four consumer warps attend them from shared memory.
+//
+// Why (docs/GPU_NOTES.md §5, §9): with per-lane loads an 8-bit tile is half the bytes of a bf16
+// tile for the same per-tile work, and the bytes a warp can keep in flight were capped by its
+// registers (or, with per-lane cp.async, each sector was fetched twice). The K tile and the V tile
+// of one (page, kv head) are contiguous in the pool (block_size x head_dim codes each), and so are
+// its per-token scales, so one thread can request a whole page with four bulk copies; the ring
+// keeps up to kMaxStages pages per CTA in flight at no register cost.
+//
+// Ring protocol, stage s = page i % S of the split, use u = i / S:
+//   producer: wait empty[s] (phase u-1), write the page id, arrive.expect_tx(full[s], bytes), copies
+//   consumer warp i % 4: wait full[s] (phase u), read the tiles, arrive empty[s]
+// S is a multiple of the consumer count, so a stage always has the same consumer: a waiter is then
+// never more than one phase behind its barrier, which parity waits require.
+// Numerics are the register kernel's: the consumers build the same fragments (Payload) from shared
+// memory instead of global memory and run the same compute_tiles, two tiles per softmax step (a page
+// holds 2 or 4 tiles; a register kernel paid for pairs with spills, the ring frees those registers).
+#include "decode_kernel.cuh"
+
+namespace kvq::attention::cuda::detail {
+
+constexpr int kBulkThreads = (kDecodeWarps + 1) * 32;  // + the producer warp
+constexpr int kMaxStages = 16;
+constexpr int kRingOffset = 512;  // barriers (2 x kMaxStages x 8 B) and page ids before the ring
+
+// Bytes of one stage: K tile, V tile, K scales, V scales, each 16-byte aligned. Per-block scales
+// copy the 16-byte chunk that holds the page's scale (the plane is 128-byte aligned and padded).
+KVQ_HD int bulk_scale_bytes(const cache::CacheGeometry& g) {
+  if (!g.has_scales()) return 0;
+  if (g.granularity == ScaleGranularity::kPerTokenHead) return g.block_size * 4;
+  if (g.granularity == ScaleGranularity::kPerBlockHead) return 16;
+  return 0;
+}
+KVQ_HD int bulk_stage_bytes(const cache::CacheGeometry& g) {
+  const int tile = g.block_size * g.head_dim;  // 8-bit codes
+  return static_cast<int>(cache::align_up(static_cast<size_t>(2 * tile + 2 * bulk_scale_bytes(g)), 128));
+}
+
+template <Format F, int D, ScaleMode SM>
+__device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in_page, int bs, int scale_sub,
+                                               int lane, Payload<F, D>& pl) {
+  static_assert(Path<F>::kBytes == 1, "the bulk kernel reads 8-bit tiles");
+  constexpr int kKW = TileShape<F, D>::kKWords, kVW = TileShape<F, D>::kVWords;
+  const int g = lane >> 2, t = lane & 3;
+  const int slot0 = tile_in_page * kTileTokens;
+  const uint8_t* krow = stage + (slot0 + g) * D;
+#pragma unroll
+  for (int j = 0; j < kKW / 4; ++j) {
+    const uint4 w = *reinterpret_cast<const uint4*>(krow + (t + 4 * j) * 16);
+    pl.k[4 * j] = w.x, pl.k[4 * j + 1] = w.y, pl.k[4 * j + 2] = w.z, pl.k[4 * j + 3] = w.w;
+  }
+  const uint8_t* va = stage + bs * D + (slot0 + 2 * t) * D + g * (kVW * 4);
+  const uint8_t* vb = va + D;
+  if constexpr (kVW == 2) {
+    const uint2 x = *reinterpret_cast<const uint2*>(va), y = *reinterpret_cast<const uint2*>(vb);
+    pl.va[0] = x.x, pl.va[1] = x.y, pl.vb[0] = y.x, pl.vb[1] = y.y;
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVW / 4; ++j) {
+      const uint4 x = *reinterpret_cast<const uint4*>(va + 16 * j), y = *reinterpret_cast<const uint4*>(vb + 16 * j);
+      pl.va[4 * j] = x.x, pl.va[4 * j + 1] = x.y, pl.va[4 * j + 2] = x.z, pl.va[4 * j + 3] = x.w;
+      pl.vb[4 * j] = y.x, pl.vb[4 * j + 1] = y.y, pl.vb[4 * j + 2] = y.z, pl.vb[4 * j + 3] = y.w;
+    }
+  }
+  if constexpr (SM == ScaleMode::kToken) {
+    const float* ks = reinterpret_cast<const float*>(stage + 2 * bs * D);
+    // scale_sub < 0: per-token scales (slot index); else the page's scale inside its 16-byte chunk.
+    const int sb = scale_sub < 0 ? bs : 4;
+    const int i0 = scale_sub < 0 ? slot0 + 2 * t : scale_sub, i1 = scale_sub < 0 ? i0 + 1 : scale_sub;
+    pl.ks0 = ks[i0], pl.ks1 = ks[i1];
+    pl.vs0 = ks[sb + i0], pl.vs1 = ks[sb + i1];
+  }
+}
+
+// The producer warp: page ids 32 at a time (one per lane), lane 0 issues the copies.
+template <ScaleMode SM>
+__device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full, uint64_t* empty, int* page_ids,
+                        uint8_t* ring, int lane) {
+  const int bs = p.block_size, D = p.geom.head_dim, tpp = bs / kTileTokens;
+  const int pg0 = w.main_t0 / tpp, n_pages = (w.main_t1 + tpp - 1) / tpp - pg0;
+  const int32_t* table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + pg0;
+  const uint32_t tile = static_cast<uint32_t>(bs * D);
+  const bool per_token = p.geom.granularity == ScaleGranularity::kPerTokenHead;
+  const uint32_t sbytes = SM == ScaleMode::kToken ? (per_token ? bs * 4 : 16) : 0;
+  const int S = p.ring_stages;
+  for (int base = 0; base < n_pages; base += 32) {
+    const int mine = base + lane < n_pages ? __ldg(table + base + lane) : 0;
+    const int n = min(32, n_pages - base);
+    for (int j = 0; j < n; ++j) {
+      const int i = base + j, s = i % S, use = i / S;
+      const int page = __shfl_sync(0xffffffffu, mine, j);
+      if (lane == 0) {
+        if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
+        uint8_t* st = ring + static_cast<size_t>(s) * p.stage_bytes;
+        page_ids[s] = page;
+        mbar_arrive_expect_tx(&full[s], 2 * tile + 2 * sbytes);
+        const size_t e = p.geom.elem_index(page, w.kv_head, 0);
+        bulk_copy_g2s(st, p.k_codes + e, tile, &full[s]);
+        bulk_copy_g2s(st + tile, p.v_codes + e, tile, &full[s]);
+        if constexpr (SM == ScaleMode::kToken) {
+          size_t si = p.geom.scale_index(page, w.kv_head, 0);
+          if (!per_token) si &= ~size_t{3};
+          bulk_copy_g2s(st + 2 * tile, p.k_scales + si, sbytes, &full[s]);
+          bulk_copy_g2s(st + 2 * tile + sbytes, p.v_scales + si, sbytes, &full[s]);
+        }
+      }
+    }
+  }
+}
+
+template <Format F, int D, ScaleMode SM>
+__device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs& a, const uint4* qf, uint64_t* full,
+                        uint64_t* empty, const int* page_ids, const uint8_t* ring, int warp, int lane,
+                        State<D>& st) {
+  const int bs = p.block_size, tpp = bs / kTileTokens;
+  const int pg0 = w.main_t0 / tpp, n_pages = (w.main_t1 + tpp - 1) / tpp - pg0;
+  const bool per_token = p.geom.granularity == ScaleGranularity::kPerTokenHead;
+  const int S = p.ring_stages;
+  for (int i = warp; i < n_pages; i += kDecodeWarps) {
+    const int s = i % S;
+    mbar_wait(&full[s], (i / S) & 1);
+    const uint8_t* stage = ring + static_cast<size_t>(s) * p.stage_bytes;
+    int scale_sub = -1;
+    if constexpr (SM == ScaleMode::kToken) {
+      if (!per_token) scale_sub = static_cast<int>(p.geom.scale_index(page_ids[s], w.kv_head, 0) & 3);
+    }
+    // Tiles past the part's end (last page) are masked by compute_tiles; their bytes are in the stage.
+    for (int k = 0; k < tpp; k += 2) {
+      const int tile = (pg0 + i) * tpp + k;
+      if (tile >= w.main_t1) break;
+      Payload<F, D> pl[2];
+      load_tile_smem<F, D, SM>(stage, k, bs, scale_sub, lane, pl[0]);
+      load_tile_smem<F, D, SM>(stage, k + 1, bs, scale_sub, lane, pl[1]);
+      compute_tiles<F, D, SM, 2>(pl, qf, a, tile, lane, st);
+    }
+    mbar_arrive(&empty[s]);  // every lane: each releases its own reads of the stage
+  }
+}
+
+template <Format F, int D, ScaleMode SM, int kMinCtas>
+__global__ void __launch_bounds__(kBulkThreads, kMinCtas) decode_bulk_kernel(const DecodeParams p) {
+  __shared__ DecodeSmem<D> sm;
+  extern __shared__ __align__(128) uint8_t dyn[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(dyn);
+  uint64_t* empty = full + kMaxStages;
+  int* page_ids = reinterpret_cast<int*>(empty + kMaxStages);
+  uint8_t* ring = dyn + kRingOffset;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const CtaWork w = cta_work(p, p.block_size / kTileTokens);
+  if (w.empty()) {
+    store_empty(p, w, D);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < p.ring_stages; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 32);
+    }
+    mbar_init_fence();
+  }
+  // The barriers are published by prepare_query's __syncthreads.
+  const float unscale = prepare_query<F, D>(p, w, sm);
+  State<D> st;
+  init_state(st);
+  if (warp == kDecodeWarps) {
+    produce<SM>(p, w, full, empty, page_ids, ring, lane);
+  } else {
+    // The ring fills while the consumers attend the sink tiles.
+    run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
+    consume<F, D, SM>(p, w, main_args<SM>(p, w, unscale), sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
+  }
+  merge_and_store<D>(p, w, sm, st, warp, lane);
+}
+
+}  // namespace kvq::attention::cuda::detail
