@@ -40,6 +40,7 @@ std::string dtype_name(nb::dlpack::dtype t) {
     case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
     case nb::dlpack::dtype_code::Complex: kind = "complex"; break;
     case nb::dlpack::dtype_code::Bool: kind = "bool"; break;
+    default: kind = "other"; break;  // fp8/fp6/fp4 kinds: never accepted by an op
   }
   return std::string(kind) + std::to_string(t.bits);
 }

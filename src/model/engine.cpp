@@ -258,6 +258,8 @@ Status Engine::Impl::stage(const std::vector<Piece>& pieces, int num_decode) {
     slens[i] = book->sink_len(p.seq);
     std::fill_n(bt.begin() + size_t(i) * max_blocks, max_blocks, -1);
     std::fill_n(st.begin() + size_t(i) * max_sink_blocks, max_sink_blocks, -1);
+    const auto& blocks = book->block_table(p.seq);
+    const auto& sinks = book->sink_table(p.seq);
     std::copy(blocks.begin(), blocks.end(), bt.begin() + size_t(i) * max_blocks);
     std::copy(sinks.begin(), sinks.end(), st.begin() + size_t(i) * max_sink_blocks);
   }
