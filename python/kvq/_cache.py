@@ -121,10 +121,10 @@ class KVCache:
             if raw is None:
                 view = None
             elif self.is_cuda:
-                import torch
-                view = torch.from_dlpack(raw)
+                import torch.utils.dlpack
+                view = torch.utils.dlpack.from_dlpack(raw)
             else:
-                view = np.from_dlpack(raw)
+                view = raw
             self._planes[key] = view
         return self._planes[key]
 

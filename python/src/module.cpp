@@ -5,6 +5,7 @@
 // can_implement then checks contents (cpu: table entries) and its Status becomes the exception.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -70,15 +71,18 @@ float softmax_scale_or_default(float s, int head_dim) {
 
 // ---- cache plane views ------------------------------------------------------------------------
 
-// A view of one plane of the cache's memory (host or device), kept alive by the Python cache.
-nb::ndarray<> plane_view(KvCache& c, void* data, nb::dlpack::dtype t, std::vector<size_t> shape) {
+// A view of one plane of the cache's memory, kept alive by the Python cache: a numpy array for a
+// cpu cache, a DLPack capsule (torch.utils.dlpack.from_dlpack) for a cuda one.
+nb::object plane_view(KvCache& c, void* data, nb::dlpack::dtype t, std::vector<size_t> shape) {
   nb::handle owner = nb::find(&c);
-  return nb::ndarray<>(data, shape.size(), shape.data(), owner, nullptr, t, c.place().type, c.place().id);
+  if (!c.on_cuda())
+    return nb::cast(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), owner, nullptr, t));
+  return nb::cast(nb::ndarray<>(data, shape.size(), shape.data(), owner, nullptr, t, c.place().type, c.place().id));
 }
 
 enum class Plane { kCodes, kScales, kSink };
 
-std::optional<nb::ndarray<>> plane(KvCache& c, int layer, int kv, Plane which) {
+std::optional<nb::object> plane(KvCache& c, int layer, int kv, Plane which) {
   c.check_layer("KVCache plane", layer);
   const cache::CacheGeometry& g = c.geometry();
   const cache::LayerView v = c.storage().layer(layer);
