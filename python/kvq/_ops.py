@@ -23,12 +23,19 @@ def _no_sink(n):
     return np.zeros(n, dtype=np.int32)
 
 
+def _host(*xs):
+    """Lists and scalars become numpy arrays with their own dtype (a wrong one is then refused with
+    a ValueError by the op, never converted silently)."""
+    return [x if x is None or hasattr(x, "__dlpack__") else np.asarray(x) for x in xs]
+
+
 def reshape_and_cache(key, value, cache, slot_mapping, layer=0):
     """Quantize-on-write of new K/V rows: key/value [num_tokens, num_kv_heads, head_dim] float32,
     slot_mapping [num_tokens] int32 (KVCache.slot_mapping). Scales are set as the cache's spec says
     (per_block_head pages grow and re-quantize their older tokens)."""
     if _is_torch(key):
         return _torch_ops().reshape_and_cache(key, value, cache, slot_mapping, layer)
+    key, value, slot_mapping = _host(key, value, slot_mapping)
     _kvq.reshape_and_cache(cache._c, key, value, slot_mapping, int(layer), OWN_STREAM)
 
 
@@ -42,7 +49,8 @@ def paged_decode(query, cache, block_tables, seq_lens, layer=0, *, sink_tables=N
     if _is_torch(query):
         return _torch_ops().paged_decode(query, cache, block_tables, seq_lens, layer, sink_tables=sink_tables,
                                          sink_lens=sink_lens, softmax_scale=softmax_scale, out=out, lse=lse)
-    n = query.shape[0] if getattr(query, "ndim", 0) == 3 else 0
+    query, block_tables, seq_lens, sink_tables, sink_lens = _host(query, block_tables, seq_lens, sink_tables, sink_lens)
+    n = query.shape[0] if query.ndim == 3 else 0
     if out is None:
         out = np.empty(query.shape, dtype=np.float32)
     if lse is None:
@@ -62,6 +70,7 @@ def paged_prefill(query, cache, block_tables, seq_lens, q_pos0, layer=0, *, sink
         return _torch_ops().paged_prefill(query, cache, block_tables, seq_lens, q_pos0, layer,
                                           sink_tables=sink_tables, sink_lens=sink_lens,
                                           softmax_scale=softmax_scale, out=out, lse=lse)
+    query, block_tables, seq_lens, sink_tables, sink_lens = _host(query, block_tables, seq_lens, sink_tables, sink_lens)
     if out is None:
         out = np.empty(query.shape, dtype=np.float32)
     if lse is None:
