@@ -72,9 +72,10 @@ void check_array(const A& a, const ArraySpec& spec, const Place& place) {
     throw_value_error(what + " must have shape " + spec.shape_text + " = " +
                       join_shape(spec.shape.begin(), spec.shape.end()) + " (-1: any), got " +
                       join_shape(got.begin(), got.end()));
-  // C-contiguous: the ops index raw memory. Extents of 1 may carry any stride.
+  // C-contiguous: the ops index raw memory. Extents of 1 may carry any stride; an empty array
+  // has no memory to index.
   int64_t expect = 1;
-  for (size_t i = got.size(); i-- > 0;) {
+  for (size_t i = got.size(); a.size() > 0 && i-- > 0;) {
     if (got[i] != 1 && a.stride(i) != expect)
       throw_value_error(what + " must be C-contiguous (make it with .contiguous() / np.ascontiguousarray)");
     expect *= got[i];
