@@ -67,6 +67,12 @@ class KVCache:
         """KV bytes per token over all layers, K and V, scales included (sink tokens are bf16)."""
         return self._c.bytes_per_token
 
+    @property
+    def bytes_per_page(self):
+        """Exact bytes of one page index over all layers, K and V, scales included: the unit of
+        sizing a cache from a memory budget (num_pages = budget // bytes_per_page)."""
+        return self._c.bytes_per_page_all_layers
+
     def memory(self):
         return self._c.memory()
 

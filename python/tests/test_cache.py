@@ -26,6 +26,7 @@ def test_geometry_and_bytes_per_token(dtype, bits, gran):
     scales = {"per_token_head": 4 * 32, "per_block_head": 4, "per_tensor": 0}[gran] if bits == 8 else 0
     per_page = 3 * 2 * (4 * 32 * 64 * bits // 8 + scales * 4)
     assert c.bytes_per_token == -(-per_page // 32)
+    assert c.bytes_per_page == per_page
     assert c.key_cache(2).shape == (24, 4, 32, 64)
     assert c.key_cache(0).dtype == (np.uint8 if bits == 8 else np.uint16)
     if bits == 16:
