@@ -157,29 +157,39 @@ cache::BatchTablesView tables_arg(const char* op, KvCache& c, int64_t num_seqs, 
   return t;
 }
 
-void paged_decode(KvCache& c, InArray query, InArray block_tables, InArray seq_lens, std::optional<InArray> sink_tables,
-                  InArray sink_lens, OutArray out, std::optional<OutArray> lse, int layer, float softmax_scale,
-                  int64_t stream) {
-  const char* op = "paged_decode";
+// The query / out / lse checks of both attention ops and the argument fields they share
+// (attention::DecodeArgs and PrefillArgs): `rows` query rows ("num_seqs" or "num_tokens").
+template <class Args>
+void attention_args(const char* op, const char* rows_name, KvCache& c, int layer, InArray& query, OutArray& out,
+                    std::optional<OutArray>& lse, float softmax_scale, Args& a) {
   c.check_layer(op, layer);
   const cache::CacheGeometry& g = c.geometry();
-  const int64_t S = query.ndim() == 3 ? static_cast<int64_t>(query.shape(0)) : kAny;
+  const int64_t R = query.ndim() == 3 ? static_cast<int64_t>(query.shape(0)) : kAny;
   const int64_t Hq = query.ndim() == 3 ? static_cast<int64_t>(query.shape(1)) : kAny;
-  check_array(query, {op, "query", kF32, {S, Hq, g.head_dim}, "[num_seqs, num_q_heads, head_dim]"}, c.place());
+  const std::string qshape = std::string("[") + rows_name + ", num_q_heads, head_dim]";
+  const std::string lshape = std::string("[") + rows_name + ", num_q_heads]";
+  check_array(query, {op, "query", kF32, {R, Hq, g.head_dim}, qshape.c_str()}, c.place());
   if (Hq % g.num_kv_heads != 0)
     throw_value_error(std::string(op) + ": num_q_heads " + std::to_string(Hq) + " is not a multiple of the cache's " +
                       std::to_string(g.num_kv_heads) + " kv heads");
-  check_array(out, {op, "out", kF32, {S, Hq, g.head_dim}, "[num_seqs, num_q_heads, head_dim]"}, c.place());
-  if (lse) check_array(*lse, {op, "lse", kF32, {S, Hq}, "[num_seqs, num_q_heads]"}, c.place());
-  backend::DecodeArgs a;
+  check_array(out, {op, "out", kF32, {R, Hq, g.head_dim}, qshape.c_str()}, c.place());
+  if (lse) check_array(*lse, {op, "lse", kF32, {R, Hq}, lshape.c_str()}, c.place());
   a.geom = g;
   a.layer = c.storage().layer(layer);
-  a.tables = tables_arg(op, c, S, block_tables, seq_lens, sink_tables, sink_lens);
   a.q = static_cast<const float*>(query.data());
   a.out = static_cast<float*>(out.data());
   a.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
   a.num_q_heads = static_cast<int>(Hq);
   a.softmax_scale = softmax_scale_or_default(softmax_scale, g.head_dim);
+}
+
+void paged_decode(KvCache& c, InArray query, InArray block_tables, InArray seq_lens, std::optional<InArray> sink_tables,
+                  InArray sink_lens, OutArray out, std::optional<OutArray> lse, int layer, float softmax_scale,
+                  int64_t stream) {
+  const char* op = "paged_decode";
+  backend::DecodeArgs a;
+  attention_args(op, "num_seqs", c, layer, query, out, lse, softmax_scale, a);
+  a.tables = tables_arg(op, c, static_cast<int64_t>(query.shape(0)), block_tables, seq_lens, sink_tables, sink_lens);
   run_op(c, a, stream);
 }
 
@@ -187,28 +197,12 @@ void paged_prefill(KvCache& c, InArray query, InArray block_tables, InArray seq_
                    InArray sink_lens, int q_pos0, OutArray out, std::optional<OutArray> lse, int layer,
                    float softmax_scale, int64_t stream) {
   const char* op = "paged_prefill";
-  c.check_layer(op, layer);
-  const cache::CacheGeometry& g = c.geometry();
-  const int64_t N = query.ndim() == 3 ? static_cast<int64_t>(query.shape(0)) : kAny;
-  const int64_t Hq = query.ndim() == 3 ? static_cast<int64_t>(query.shape(1)) : kAny;
-  check_array(query, {op, "query", kF32, {N, Hq, g.head_dim}, "[num_tokens, num_q_heads, head_dim]"}, c.place());
-  if (Hq % g.num_kv_heads != 0)
-    throw_value_error(std::string(op) + ": num_q_heads " + std::to_string(Hq) + " is not a multiple of the cache's " +
-                      std::to_string(g.num_kv_heads) + " kv heads");
-  check_array(out, {op, "out", kF32, {N, Hq, g.head_dim}, "[num_tokens, num_q_heads, head_dim]"}, c.place());
-  if (lse) check_array(*lse, {op, "lse", kF32, {N, Hq}, "[num_tokens, num_q_heads]"}, c.place());
-  if (q_pos0 < 0) throw_value_error(std::string(op) + ": q_pos0 must be >= 0, got " + std::to_string(q_pos0));
   backend::PrefillArgs a;
-  a.geom = g;
-  a.layer = c.storage().layer(layer);
+  attention_args(op, "num_tokens", c, layer, query, out, lse, softmax_scale, a);
+  if (q_pos0 < 0) throw_value_error(std::string(op) + ": q_pos0 must be >= 0, got " + std::to_string(q_pos0));
   a.tables = tables_arg(op, c, 1, block_tables, seq_lens, sink_tables, sink_lens);
-  a.q = static_cast<const float*>(query.data());
-  a.out = static_cast<float*>(out.data());
-  a.lse = lse ? static_cast<float*>(lse->data()) : nullptr;
-  a.n_q = static_cast<int>(N);
+  a.n_q = static_cast<int>(query.shape(0));
   a.q_pos0 = q_pos0;
-  a.num_q_heads = static_cast<int>(Hq);
-  a.softmax_scale = softmax_scale_or_default(softmax_scale, g.head_dim);
   run_op(c, a, stream);
 }
 
