@@ -222,6 +222,9 @@ void dequantize_pages(KvCache& c, int layer, InArray pages, bool sink, OutArray 
     if (ids[i] < 0 || ids[i] >= limit)
       throw_value_error(std::string(op) + ": pages[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
                         " is outside [0, " + std::to_string(limit) + ")" + (sink ? " (sink pages)" : ""));
+  // Writes may still be in flight on the stream kvq last ran on (a caller's, not the one the
+  // download copies on).
+  if (c.on_cuda()) throw_if_error(c.backend().synchronize());
   cache::PagedKvCache::Planes planes;
   throw_if_error(c.storage().download(layer, &planes));
   const size_t D = static_cast<size_t>(g.head_dim);
