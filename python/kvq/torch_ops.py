@@ -44,6 +44,12 @@ def _planes(cache, layer):
 _PLANES = ("k_codes", "v_codes", "k_scales", "v_scales", "k_sink", "v_sink")
 
 
+def _writes_only(*args, **kwargs):
+    """Fake (meta) implementation for torch.compile: the ops return nothing, they only write into
+    arguments they declare mutated."""
+    return None
+
+
 @torch.library.custom_op("kvq::reshape_and_cache", mutates_args=_PLANES)
 def _reshape_and_cache(key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor, k_codes: torch.Tensor,
                        v_codes: torch.Tensor, k_scales: torch.Tensor, v_scales: torch.Tensor, k_sink: torch.Tensor,
@@ -51,9 +57,7 @@ def _reshape_and_cache(key: torch.Tensor, value: torch.Tensor, slot_mapping: tor
     _kvq.reshape_and_cache(_lookup(cache_id)._c, key.detach(), value.detach(), slot_mapping.detach(), layer, _stream(key))
 
 
-@_reshape_and_cache.register_fake
-def _(key, value, slot_mapping, k_codes, v_codes, k_scales, v_scales, k_sink, v_sink, cache_id, layer):
-    return None
+_reshape_and_cache.register_fake(_writes_only)
 
 
 @torch.library.custom_op("kvq::paged_decode", mutates_args=("out", "lse"))
@@ -66,10 +70,7 @@ def _paged_decode(query: torch.Tensor, block_tables: torch.Tensor, seq_lens: tor
                       layer, softmax_scale, _stream(query))
 
 
-@_paged_decode.register_fake
-def _(query, block_tables, seq_lens, sink_tables, sink_lens, k_codes, v_codes, k_scales, v_scales, k_sink, v_sink,
-      out, lse, cache_id, layer, softmax_scale):
-    return None
+_paged_decode.register_fake(_writes_only)
 
 
 @torch.library.custom_op("kvq::paged_prefill", mutates_args=("out", "lse"))
@@ -82,10 +83,7 @@ def _paged_prefill(query: torch.Tensor, block_tables: torch.Tensor, seq_lens: to
                        out, lse, layer, softmax_scale, _stream(query))
 
 
-@_paged_prefill.register_fake
-def _(query, block_tables, seq_lens, sink_tables, sink_lens, k_codes, v_codes, k_scales, v_scales, k_sink, v_sink,
-      out, lse, cache_id, layer, q_pos0, softmax_scale):
-    return None
+_paged_prefill.register_fake(_writes_only)
 
 
 def reshape_and_cache(key, value, cache, slot_mapping, layer=0):
