@@ -11,7 +11,7 @@
 # Inputs on the GPU machine (carried): MODELS_DIR (default ../.gpu-model) with stories260K/, the eval
 # text pydoc_topics.txt and SmolLM2 as SmolLM2.part* pieces (the carry limit is below the file size;
 # pieces may arrive in different calls while the machine stays warm, see PIECES_DIRS). Environment: OUT, KVQ_STEPS (default
-# "tests sanitize stories smolcuda smolcpu bench").
+# "tests sanitize stories smolcuda smolcpu bench"; add "serve" for the serving SLA check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
@@ -129,6 +129,26 @@ if [[ $steps == *bench* ]] && [[ -s $smol ]]; then
   note "bench engine: rc=$?"
   cat "$OUT/bench_engine.log" >>"$summary"
 fi
+
+# The serving SLA check (issue 8) on the GPU: scripts/bench_serve_sla.sh per spec, then the comparison.
+#   serve     SLA run: SERVE_TIERS (1024,4096,7168), SERVE_PROMPTS (50), SERVE_RATE (Poisson req/s; 0 = all
+#             at once), SERVE_MAX_TOKENS (128), SERVE_KV_GIB (8) -> $OUT/serve
+#   servecap  capacity/throughput run: the top tier at max throughput under a small KV budget
+#             (SERVECAP_KV_GIB, default 2) with long outputs (SERVECAP_MAX_TOKENS, default 1024) -> $OUT/servecap
+# SERVE_MODEL (default smollm2), SERVE_SPECS, SERVE_GRAN, SERVE_MAX_SEQS pass through.
+run_serve() {  # NAME TIERS RATE MAX_TOKENS KV_GIB
+  local sm=${SERVE_MODEL:-smollm2} t0
+  [[ $sm == stories260K ]] && sm="$(dirname "$src_dir")/shared/models/stories260K/stories260K.bin"
+  t0=$(date +%s)
+  KVQ=$B/kvq MODEL="$sm" BACKEND=cuda TIERS="$2" PROMPTS="${SERVE_PROMPTS:-50}" RATE="$3" MAX_TOKENS="$4" \
+    KV_GIB="$5" MAX_SEQS="${SERVE_MAX_SEQS:-64}" SPECS="${SERVE_SPECS:-bf16 fp8_e4m3 fp8_fnuz int8}" \
+    GRAN="${SERVE_GRAN:-per_token_head}" timeout "${SERVE_TIMEOUT:-420}" bash scripts/bench_serve_sla.sh "$OUT/$1" \
+    --text "$MODELS_DIR/stories260K/tinystories_valid_head.txt" --text "$text" >"$OUT/$1.log" 2>&1
+  note "$1 ($sm, tiers $2, rate $3, max_tokens $4, kv $5 GiB): rc=$? $(( $(date +%s) - t0 )) s"
+  sed -n '/^SLA:/,$p' "$OUT/$1/compare.md" >>"$summary" 2>/dev/null
+}
+has serve && run_serve serve "${SERVE_TIERS:-1024,4096,7168}" "${SERVE_RATE:-0}" "${SERVE_MAX_TOKENS:-128}" "${SERVE_KV_GIB:-8}"
+has servecap && run_serve servecap "${SERVECAP_TIERS:-7168}" 0 "${SERVECAP_MAX_TOKENS:-1024}" "${SERVECAP_KV_GIB:-2}"
 
 tar czf "$OUT_FINAL/logs.tgz" -C "$OUT" . && cp "$summary" "$OUT_FINAL/"
 echo

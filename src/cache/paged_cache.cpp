@@ -220,6 +220,61 @@ Result<SeqId> PagedKvCache::fork(SeqId parent) {
   return id;
 }
 
+bool PagedKvCache::prefix_pages_closed(int n_tokens, int sink_cap, int block_size) {
+  if (n_tokens < 0 || block_size < 1) return false;
+  const int sink = sink_len_of(n_tokens, sink_cap), main = main_len_of(n_tokens, sink_cap);
+  return (sink == sink_cap || sink % block_size == 0) && main % block_size == 0;
+}
+
+Result<SeqId> PagedKvCache::share_prefix(SeqId parent, int n_tokens) {
+  KVQ_RETURN_IF_ERROR(check_seq(parent));
+  const Sequence src = seqs_[static_cast<size_t>(parent)];  // new_sequence_id() may move the entry
+  const int bs = geom_.block_size;
+  if (n_tokens < 1 || n_tokens > src.len)
+    return invalid_argument("sharing " + std::to_string(n_tokens) + " tokens of " + seq_name(parent) + ", which holds " +
+                            std::to_string(src.len) + "; share between 1 and its length");
+  if (!prefix_pages_closed(n_tokens, src.sink_capacity, bs))
+    return invalid_argument("sharing " + std::to_string(n_tokens) + " tokens of " + seq_name(parent) +
+                            " would split a page (block " + std::to_string(bs) + ", sink " +
+                            std::to_string(src.sink_capacity) + " tokens); share whole pages only");
+  const int main_pages = ceil_div(main_len_of(n_tokens, src.sink_capacity), bs);
+  const int sink_pages = ceil_div(sink_len_of(n_tokens, src.sink_capacity), bs);
+  const SeqId id = new_sequence_id();
+  Sequence& child = seqs_[static_cast<size_t>(id)];
+  child = Sequence{};
+  child.live = true;
+  child.len = n_tokens;
+  child.sink_capacity = src.sink_capacity;
+  child.blocks.assign(src.blocks.begin(), src.blocks.begin() + main_pages);
+  child.sink_blocks.assign(src.sink_blocks.begin(), src.sink_blocks.begin() + sink_pages);
+  child.written.resize(src.written.size());
+  for (size_t l = 0; l < src.written.size(); ++l) child.written[l] = std::min(src.written[l], n_tokens);
+  for (int32_t p : child.blocks) KVQ_RETURN_IF_ERROR(pool_.retain(p));
+  for (int32_t p : child.sink_blocks) KVQ_RETURN_IF_ERROR(sink_pool_.retain(p));
+  return id;
+}
+
+Status PagedKvCache::truncate(SeqId seq, int n_tokens) {
+  KVQ_RETURN_IF_ERROR(check_seq(seq));
+  Sequence& s = seqs_[static_cast<size_t>(seq)];
+  const int bs = geom_.block_size;
+  if (n_tokens < 0 || n_tokens > s.len)
+    return invalid_argument("truncating " + seq_name(seq) + " of " + std::to_string(s.len) + " tokens to " +
+                            std::to_string(n_tokens) + "; keep between 0 and its length");
+  if (!prefix_pages_closed(n_tokens, s.sink_capacity, bs))
+    return invalid_argument("truncating " + seq_name(seq) + " to " + std::to_string(n_tokens) +
+                            " tokens would split a page; keep whole pages only");
+  const size_t main_pages = static_cast<size_t>(ceil_div(main_len_of(n_tokens, s.sink_capacity), bs));
+  const size_t sink_pages = static_cast<size_t>(ceil_div(sink_len_of(n_tokens, s.sink_capacity), bs));
+  for (size_t i = main_pages; i < s.blocks.size(); ++i) KVQ_RETURN_IF_ERROR(pool_.release(s.blocks[i]));
+  for (size_t i = sink_pages; i < s.sink_blocks.size(); ++i) KVQ_RETURN_IF_ERROR(sink_pool_.release(s.sink_blocks[i]));
+  s.blocks.resize(std::min(s.blocks.size(), main_pages));
+  s.sink_blocks.resize(std::min(s.sink_blocks.size(), sink_pages));
+  s.len = n_tokens;
+  for (int& w : s.written) w = std::min(w, n_tokens);
+  return Status::ok();
+}
+
 Status PagedKvCache::copy_page(bool sink, int32_t from, int32_t to) {
   if (from == to) return Status::ok();
   if (!cfg_.host_planes) return no_planes("copying a shared page");

@@ -65,6 +65,7 @@ struct Engine::Impl {
   Status init(const Model& m, const QuantSpec& s, backend::Backend& backend, const EngineOptions& o);
   Status plan_pieces(const std::vector<SeqStep>& steps, std::vector<int>& done, std::vector<Piece>& out) const;
   Status stage(const std::vector<Piece>& pieces, int num_decode);
+  Result<cache::SeqId> admit(cache::SeqId donor, int n_tokens);  // add_sequence / add_sequence_sharing
   Status run_layers(int rows, int num_decode, const std::vector<Piece>& pieces);
   // rows [0, rows) of xl; `segments` (row0, n) split the GEMM for batch_invariant (empty: one call).
   Status run_logits(int rows, const std::vector<std::pair<int, int>>& segments = {});
@@ -474,14 +475,25 @@ Result<std::unique_ptr<Engine>> Engine::create(const Model& model, const QuantSp
 
 Engine::~Engine() = default;
 
-Result<cache::SeqId> Engine::add_sequence() {
+Result<cache::SeqId> Engine::add_sequence() { return impl_->admit(-1, 0); }
+
+Result<cache::SeqId> Engine::add_sequence_sharing(cache::SeqId donor, int n_tokens) {
   Impl& im = *impl_;
+  if (!im.book->has_sequence(donor) || static_cast<size_t>(donor) >= im.alive.size() ||
+      im.broken[static_cast<size_t>(donor)])
+    return invalid_argument("add_sequence_sharing: sequence " + std::to_string(donor) +
+                            " is not a live, intact sequence of this engine");
+  return im.admit(donor, n_tokens);
+}
+
+Result<cache::SeqId> Engine::Impl::admit(cache::SeqId donor, int n_tokens) {
+  Impl& im = *this;
   int alive = 0;
   for (uint8_t a : im.alive) alive += a;
   if (alive >= im.opts.max_seqs)
     return out_of_memory("the engine holds its maximum of " + std::to_string(im.opts.max_seqs) +
                          " sequences; free one first");
-  auto id = im.book->add_sequence();
+  auto id = donor < 0 ? im.book->add_sequence() : im.book->share_prefix(donor, n_tokens);
   if (!id.is_ok()) return id.status();
   const size_t i = static_cast<size_t>(id.value());
   if (i >= im.alive.size()) {
@@ -500,6 +512,8 @@ Status Engine::free_sequence(cache::SeqId seq) {
   im.broken[static_cast<size_t>(seq)] = 0;
   return Status::ok();
 }
+
+Status Engine::truncate_sequence(cache::SeqId seq, int n_tokens) { return impl_->book->truncate(seq, n_tokens); }
 
 int Engine::position(cache::SeqId seq) const { return impl_->book->seq_len(seq); }
 

@@ -63,6 +63,13 @@ struct Scheduler::Impl {
   // Engine thread only.
   std::deque<std::unique_ptr<Request>> waiting;
   std::vector<std::unique_ptr<Request>> running;  // admission order
+  // Finished prompts kept for sharing (SchedulerOptions::prefix_cache_seqs): a sequence truncated to
+  // whole chunks of its prompt, and those tokens. Front = least recently used.
+  struct Held {
+    cache::SeqId seq = -1;
+    std::vector<int32_t> tokens;
+  };
+  std::deque<Held> held;
 
   // Pages a sequence of `len` tokens holds in each pool.
   Pages pages_for(int len) const {
@@ -87,8 +94,37 @@ struct Scheduler::Impl {
     e.completion_tokens = r.generated;
     if (r.fn) r.fn(e);
   }
+  // Whole chunks of tokens[0, lim) that close whole pages: what may be shared of them.
+  int shareable(int lim) const {
+    int l = lim / chunk * chunk;
+    while (l > 0 && !cache::PagedKvCache::prefix_pages_closed(l, sink_cap, bs)) l -= chunk;
+    return l;
+  }
+  // Keeps a finished request's prompt pages for later requests (or frees its sequence).
+  void release(Request& r, bool keep) {
+    if (r.seq < 0) return;
+    const int l = keep && opts.prefix_sharing && opts.prefix_cache_seqs > 0
+                      ? shareable(std::min(r.prompt_len, r.computed)) : 0;
+    bool covered = false;  // an equal or longer prompt prefix is already held
+    for (const Held& h : held)
+      covered = covered || (static_cast<int>(h.tokens.size()) >= l &&
+                            std::equal(r.tokens.begin(), r.tokens.begin() + l, h.tokens.begin()));
+    if (l >= chunk && !covered && engine->truncate_sequence(r.seq, l).is_ok()) {
+      held.push_back(Held{r.seq, std::vector<int32_t>(r.tokens.begin(), r.tokens.begin() + l)});
+      while (static_cast<int>(held.size()) > opts.prefix_cache_seqs) evict_one();
+    } else {
+      (void)engine->free_sequence(r.seq);
+    }
+    r.seq = -1;
+  }
+  bool evict_one() {
+    if (held.empty()) return false;
+    (void)engine->free_sequence(held.front().seq);
+    held.pop_front();
+    return true;
+  }
   void finish(std::unique_ptr<Request> r, Finish f, const std::string& error, bool with_token, int32_t token) {
-    if (r->seq >= 0) (void)engine->free_sequence(r->seq);
+    release(*r, f == Finish::kStop || f == Finish::kLength);
     r->seq = -1;
     const Clock::time_point now = Clock::now();
     if (f == Finish::kStop || f == Finish::kLength) {
@@ -145,6 +181,37 @@ struct Scheduler::Impl {
     drop(waiting);
     drop(running);
   }
+  // Prefix sharing for a request about to be admitted: the running request whose prompt shares the
+  // longest prefix with r's, and how many tokens of it r may take (whole chunks, whole pages, at most
+  // r's prompt less one token, which must run to give the first logits). `ready` is false while the
+  // donor has not yet computed them (r then waits for it).
+  // A held prompt (held_index >= 0) is always ready.
+  struct Share {
+    cache::SeqId seq = -1;
+    int tokens = 0;
+    bool ready = false;
+    int held_index = -1;
+  };
+  Share find_share(const Request& r) const {
+    Share best;
+    if (!opts.prefix_sharing || r.prompt_len <= chunk) return best;
+    auto common = [&](const std::vector<int32_t>& t, int lim) {
+      lim = std::min({lim, r.prompt_len - 1, static_cast<int>(t.size())});
+      int l = 0;
+      while (l < lim && r.tokens[static_cast<size_t>(l)] == t[static_cast<size_t>(l)]) ++l;
+      return shareable(l);
+    };
+    for (const auto& d : running) {
+      if (d->seq < 0) continue;
+      const int l = common(d->tokens, d->prompt_len);
+      if (l > best.tokens) best = Share{d->seq, l, d->computed >= l, -1};
+    }
+    for (size_t i = 0; i < held.size(); ++i) {
+      const int l = common(held[i].tokens, static_cast<int>(held[i].tokens.size()));
+      if (l > best.tokens || (l == best.tokens && l > 0 && !best.ready)) best = Share{held[i].seq, l, true, static_cast<int>(i)};
+    }
+    return best;
+  }
   // Occupancy for other threads (counters()), taken on the engine thread.
   void publish() {
     const auto& book = engine->book();
@@ -155,6 +222,7 @@ struct Scheduler::Impl {
     counters.peak_sink_pages_used =
         std::max(counters.peak_sink_pages_used, counters.sink_pages_total - counters.sink_pages_free);
     counters.running = static_cast<int>(running.size());
+    counters.prefix_cached = static_cast<int>(held.size());
     counters.waiting = static_cast<int>(waiting.size());
   }
   Result<bool> step();
@@ -276,6 +344,7 @@ Result<bool> Scheduler::Impl::step() {
     const Pages need = delta(r.computed, r.computed + n);
     bool self = false;
     while (need.main > free_main() || need.sink > free_sink()) {
+      if (evict_one()) continue;  // held prompts give way first
       self = running.size() - 1 == i;
       auto victim = std::move(running.back());
       running.pop_back();
@@ -290,18 +359,45 @@ Result<bool> Scheduler::Impl::step() {
     ++i;
   }
 
-  // Admission (FIFO), not in a step that had to preempt.
-  while (!preempted && !waiting.empty() && static_cast<int>(running.size()) < engine->max_seqs() && budget > 0) {
-    Request& r = *waiting.front();
+  // Admission (FIFO), not in a step that had to preempt. A request waiting for a running request to
+  // finish prefilling the prefix it will share is passed over (it keeps its place in the queue).
+  for (size_t w = 0; !preempted && w < waiting.size() && static_cast<int>(running.size()) < engine->max_seqs() &&
+                     budget > 0;) {
+    Request& r = *waiting[w];
+    Share share = find_share(r);
+    if (share.seq >= 0 && !share.ready) {
+      ++w;
+      continue;
+    }
+    if (share.held_index >= 0) {  // most recently used goes last (evicted last)
+      std::rotate(held.begin() + share.held_index, held.begin() + share.held_index + 1, held.end());
+      share.held_index = static_cast<int>(held.size()) - 1;
+    }
+    r.computed = share.tokens;  // 0 without a donor
     const int n = next_piece(r, budget);
-    if (n == 0) break;
+    if (n == 0) {
+      r.computed = 0;
+      break;
+    }
     const int known = std::min(static_cast<int>(r.tokens.size()) + 1, ctx);
-    const Pages whole = pages_for(known), first = pages_for(n);
-    if (whole.main > free_main() || whole.sink > free_sink()) break;
-    auto seq = engine->add_sequence();
-    if (!seq.is_ok()) break;  // the engine's sequence slots are full
-    auto owned = std::move(waiting.front());
-    waiting.pop_front();
+    const Pages whole = delta(share.tokens, known), first = delta(share.tokens, share.tokens + n);
+    const bool fits = whole.main <= free_main() && whole.sink <= free_sink();
+    auto seq = !fits ? Result<cache::SeqId>(out_of_memory("pages"))
+                     : (share.seq >= 0 ? engine->add_sequence_sharing(share.seq, share.tokens) : engine->add_sequence());
+    if (!seq.is_ok()) {
+      // Pages short or the engine's sequence slots full: a held prompt other than the one to share
+      // gives way, else admission stops (FIFO).
+      r.computed = 0;
+      const bool evictable = !held.empty() && !(held.size() == 1 && share.held_index == 0);
+      if (evictable) {
+        if (share.held_index == 0) std::rotate(held.begin(), held.begin() + 1, held.end());
+        evict_one();
+        continue;
+      }
+      break;
+    }
+    auto owned = std::move(waiting[w]);
+    waiting.erase(waiting.begin() + static_cast<long>(w));
     owned->seq = seq.value();
     reserved_main += first.main, reserved_sink += first.sink;
     budget -= n;
@@ -309,6 +405,10 @@ Result<bool> Scheduler::Impl::step() {
     running.push_back(std::move(owned));
     std::lock_guard<std::mutex> lock(mu);
     ++counters.admitted;
+    if (share.seq >= 0) {
+      ++counters.prefix_hits;
+      counters.prefix_shared_tokens += static_cast<uint64_t>(share.tokens);
+    }
     counters.max_running = std::max(counters.max_running, static_cast<int>(running.size()));
   }
   if (plan.empty()) {

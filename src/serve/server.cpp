@@ -327,6 +327,15 @@ std::string Server::Impl::metrics_text() const {
                 static_cast<double>(size_t(c.peak_pages_used) * page_b + size_t(c.peak_sink_pages_used) * sink_page_b));
   render_sample(&o, "kvq_preemptions_total", "counter", "Requests preempted (recomputed) because pages ran out.",
                 static_cast<double>(c.preemptions));
+  render_sample(&o, "kvq_prefix_hits_total", "counter",
+                "Requests admitted on a running request's pages for their shared prompt prefix.",
+                static_cast<double>(c.prefix_hits));
+  render_sample(&o, "kvq_prefix_shared_tokens_total", "counter",
+                "Prompt tokens taken from shared prefix pages instead of being computed and stored again.",
+                static_cast<double>(c.prefix_shared_tokens));
+  render_sample(&o, "kvq_prefix_cached_prompts", "gauge",
+                "Finished prompts whose whole-chunk prefix pages are held for sharing (--prefix-cache-seqs).",
+                c.prefix_cached);
   render_sample(&o, "kvq_requests_running", "gauge", "Requests holding a sequence.", c.running);
   render_sample(&o, "kvq_requests_waiting", "gauge", "Requests queued.", c.waiting);
   render_sample(&o, "kvq_requests_max_running", "gauge", "Most requests running at once so far.", c.max_running);

@@ -117,6 +117,15 @@ class Shadow {
     seqs_[id] = s;
   }
   void fork(SeqId parent, SeqId child) { seqs_[child] = seqs_.at(parent); }
+  // The child holds the parent's first n tokens (whole pages; block amax of the main pages kept).
+  void share_prefix(SeqId parent, SeqId child, int n) {
+    Seq s = seqs_.at(parent);
+    s.len = n;
+    for (auto& l : s.layers) l.resize(std::min(l.size(), static_cast<size_t>(n)));
+    const size_t main_blocks = static_cast<size_t>(std::max(0, n - s.cap) / bs_);
+    for (auto& l : s.block_amax) l.resize(std::min(l.size(), main_blocks));
+    seqs_[child] = s;
+  }
   void free(SeqId id) { seqs_.erase(id); }
   void extend(SeqId id, int n) { seqs_.at(id).len += n; }
   bool has(SeqId id) const { return seqs_.count(id) != 0; }

@@ -1,4 +1,5 @@
-// PagedKvCache: validation, token placement, per-granularity scales, sink, fork/COW, exhaustion.
+// PagedKvCache: validation, token placement, per-granularity scales, sink, fork/COW, shared prefixes,
+// exhaustion.
 #include "kvq/cache/paged_cache.h"
 
 #include <gtest/gtest.h>
@@ -524,6 +525,86 @@ TEST(Fork, WriteIntoASharedPageCopiesItFirst) {
   EXPECT_EQ(st.code(), StatusCode::kOutOfMemory) << st.to_string();
   EXPECT_TRUE(shadow.check(*c, r));
   EXPECT_EQ(c->fork(q).status().code(), StatusCode::kOk);  // q's pages are full: fork needs no copy
+}
+
+// A prompt prefix shared by reference: whole pages only, no copies, the donor and each sharer then
+// grow apart on pages of their own, and the pages outlive the donor. Every granularity, random data.
+TEST(SharePrefix, SharesWholePagesWithoutCopiesAndOutlivesTheDonor) {
+  for (ScaleGranularity g : {kToken, kBlock, ScaleGranularity::kPerTensor}) {
+    SCOPED_TRACE(static_cast<int>(g));
+    const int dim = 16, heads = 2, layers = 3, bs = 16;
+    CacheConfig cfg = make_config(Format::kFp8E4m3, g, bs, layers, heads, dim, 24, 8, 32);
+    auto c = make(cfg);
+    Shadow shadow(cfg);
+    std::mt19937 rng(40 + static_cast<int>(g));
+    auto append = [&](SeqId s, int n) {
+      ASSERT_TRUE(c->extend(s, n).is_ok());
+      shadow.extend(s, n);
+      for (int l = 0; l < layers; ++l) {
+        const auto k = random_rows(rng, n, heads, dim, -3.f, 3.f), v = random_rows(rng, n, heads, dim, -3.f, 3.f);
+        const int p = c->written(s, l);
+        ASSERT_TRUE(c->write(s, l, p, k.data(), v.data(), n).is_ok());
+        shadow.write(s, l, p, k.data(), v.data(), n);
+      }
+    };
+    const SeqId donor = c->add_sequence().value();
+    shadow.add(donor, 32);
+    append(donor, 90);  // sink 32 + 58 quantized tokens: pages 16+16+16+10
+    const int free_before = c->pool().num_free(), sink_free_before = c->sink_pool().num_free();
+    // 80 tokens = the full sink + 3 whole main pages.
+    const SeqId a = c->share_prefix(donor, 80).value();
+    shadow.share_prefix(donor, a, 80);
+    EXPECT_EQ(c->pool().num_free(), free_before) << "sharing allocates nothing";
+    EXPECT_EQ(c->sink_pool().num_free(), sink_free_before);
+    EXPECT_EQ(c->seq_len(a), 80);
+    for (int l = 0; l < layers; ++l) EXPECT_EQ(c->written(a, l), 80);
+    ASSERT_EQ(c->block_table(a).size(), 3u);
+    for (int b = 0; b < 3; ++b) {
+      EXPECT_EQ(c->block_table(a)[size_t(b)], c->block_table(donor)[size_t(b)]);
+      EXPECT_EQ(c->pool().refcount(c->block_table(a)[size_t(b)]), 2);
+    }
+    EXPECT_EQ(c->sink_table(a), c->sink_table(donor));
+    // 16 tokens: inside the sink, one whole sink page.
+    const SeqId b = c->share_prefix(donor, 16).value();
+    shadow.share_prefix(donor, b, 16);
+    EXPECT_TRUE(c->block_table(b).empty());
+    EXPECT_EQ(c->sink_table(b).size(), 1u);
+    EXPECT_EQ(c->sink_pool().refcount(c->sink_table(donor)[0]), 3);
+    for (SeqId s : {donor, a, b}) EXPECT_TRUE(shadow.check(*c, s));
+    append(a, 21);  // a's own pages from position 80 on
+    append(b, 40);  // b's own second sink page, then quantized pages
+    append(donor, 7);
+    for (SeqId s : {donor, a, b}) EXPECT_TRUE(shadow.check(*c, s));
+    EXPECT_NE(c->block_table(a)[3], c->block_table(donor)[3]);
+    EXPECT_NE(c->sink_table(b)[1], c->sink_table(donor)[1]);
+    ASSERT_TRUE(c->free_sequence(donor).is_ok());
+    shadow.free(donor);
+    for (SeqId s : {a, b}) EXPECT_TRUE(shadow.check(*c, s)) << "shared pages outlive the donor";
+    EXPECT_EQ(c->stats().requantized_page_heads, shadow.requantized);
+    ASSERT_TRUE(c->free_sequence(a).is_ok());
+    ASSERT_TRUE(c->free_sequence(b).is_ok());
+    EXPECT_EQ(c->pool().num_free(), 24);
+    EXPECT_EQ(c->sink_pool().num_free(), 8);
+  }
+}
+
+TEST(SharePrefix, RefusesPartialPagesAndLengthsBeyondTheDonor) {
+  const CacheConfig cfg = make_config(Format::kInt8, kToken, 16, 1, 1, 8, 8, 4, 20);
+  auto c = make(cfg);
+  const SeqId d = c->add_sequence().value();
+  ASSERT_TRUE(c->extend(d, 60).is_ok());
+  for (int n : {0, -1, 61, 8, 30, 20 + 15}) {
+    auto r = c->share_prefix(d, n);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << n;
+    EXPECT_FALSE(r.status().message().empty());
+  }
+  // Sink of 20 (not a multiple of 16): 16 fills one sink page; 20 + 16 fills the sink and one page.
+  EXPECT_TRUE(PagedKvCache::prefix_pages_closed(16, 20, 16));
+  EXPECT_TRUE(PagedKvCache::prefix_pages_closed(36, 20, 16));
+  EXPECT_TRUE(PagedKvCache::prefix_pages_closed(20, 20, 16));
+  EXPECT_TRUE(c->share_prefix(d, 36).is_ok());
+  EXPECT_EQ(c->share_prefix(12345, 16).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->pool().num_free(), 8 - 3);
 }
 
 TEST(BatchTables, PaddedWithMinusOne) {

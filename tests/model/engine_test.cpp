@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -360,6 +361,49 @@ TEST_P(EngineTest, ChunkedPromptMatchesOneCall) {
       EXPECT_GT(agree.rel_l2(), 1e-3);
       EXPECT_LT(std::fabs(nll1 - nll2), 0.05);
     }
+  }
+}
+
+// (c2) A sequence that shares a donor's prompt prefix by reference (whole chunks, whole pages) gives
+// the logits of a fresh sequence that computes the same prompt in full, allocating no page for the
+// shared part; the shared pages outlive the donor.
+TEST_P(EngineTest, SharedPrefixMatchesAFreshSequence) {
+  const int V = vocab();
+  std::vector<int32_t> prompt(ids_->begin() + 1000, ids_->begin() + 1256);  // the shared 256 tokens
+  std::vector<int32_t> mine = prompt, donors = prompt;
+  mine.insert(mine.end(), ids_->begin() + 5000, ids_->begin() + 5050);
+  donors.insert(donors.end(), ids_->begin() + 7000, ids_->begin() + 7030);
+  for (const QuantSpec& spec : {spec_of(Format::kBf16, 0), spec_of(Format::kInt8, 16),
+                                spec_of(Format::kFp8E4m3, 32, ScaleGranularity::kPerBlockHead)}) {
+    SCOPED_TRACE(spec.to_string());
+    EngineOptions o;
+    o.max_seqs = 3, o.max_tokens = 512;
+    auto e = engine(spec, o);
+    ASSERT_TRUE(e);
+    const SeqId donor = e->add_sequence().value();
+    ASSERT_TRUE(e->forward({SeqStep{donor, donors.data(), 286, LogitsMode::kNone, nullptr}}).is_ok());
+    const int free0 = e->book().pool().num_free();
+    const SeqId sharer = e->add_sequence_sharing(donor, 256).value();
+    EXPECT_EQ(e->position(sharer), 256);
+    EXPECT_EQ(e->book().pool().num_free(), free0) << "sharing allocates no page";
+    ASSERT_TRUE(e->free_sequence(donor).is_ok());  // the shared pages stay with the sharer
+    std::vector<float> got(50 * size_t(V)), want(got.size());
+    ASSERT_TRUE(e->forward({SeqStep{sharer, mine.data() + 256, 50, LogitsMode::kAll, got.data()}}).is_ok());
+    const SeqId fresh = e->add_sequence().value();
+    std::vector<float> all(306 * size_t(V));
+    ASSERT_TRUE(e->forward({SeqStep{fresh, mine.data(), 306, LogitsMode::kAll, all.data()}}).is_ok());
+    std::copy(all.begin() + 256 * V, all.end(), want.begin());
+    if (is_cpu()) {
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "bit-identical on the CPU";
+    } else {
+      Agreement agree;
+      agree.add(got.data(), want.data(), 50, V);
+      EXPECT_TRUE(agree.within(budget())) << agree.describe();
+    }
+    // Sharing needs whole pages, a live donor and a length within it.
+    EXPECT_EQ(e->add_sequence_sharing(fresh, 100).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(e->add_sequence_sharing(fresh, 400).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(e->add_sequence_sharing(99, 128).status().code(), StatusCode::kInvalidArgument);
   }
 }
 

@@ -137,6 +137,98 @@ TEST(Scheduler, PreemptsUnderATinyPoolAndStillMatches) {
   }
 }
 
+// Requests with a common 256-token prompt prefix (two prefill chunks) share the first one's pages:
+// they wait for them to be computed, compute only their own tails, give exactly what each gives run
+// alone, and the pool holds the prefix once. Also under a pool small enough to preempt.
+TEST(Scheduler, SharedPrefixIsComputedOnceAndChangesNothing) {
+  const QuantSpec s = spec(Format::kFp8E4m3, 32);
+  const std::vector<int32_t> system = prompt_ids(3, 255);  // BOS + 255 tokens
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> p = system;
+    const std::vector<int32_t> tail = prompt_ids(40 + i, 20 + 10 * i);
+    p.insert(p.end(), tail.begin() + 1, tail.end());
+    prompts.push_back(p);
+  }
+  auto run = [&](bool sharing, int num_pages, SchedulerCounters* counters) {
+    SchedulerOptions so;
+    so.prefix_sharing = sharing;
+    Harness h(s, 6, num_pages, 0, so);
+    std::vector<RequestId> ids;
+    for (int i = 0; i < 6; ++i) {
+      SamplingParams p;
+      p.max_tokens = i == 0 ? 4 : 30;  // the first request (the pages' owner) finishes first
+      ids.push_back(h.add(prompts[size_t(i)], p));
+    }
+    h.drain();
+    *counters = h.sched->counters();
+    std::vector<std::vector<int32_t>> out;
+    for (RequestId id : ids) out.push_back(h.out[id].tokens);
+    EXPECT_EQ(h.engine->book().pool().num_free(), h.engine->book().pool().num_pages()) << "every page back";
+    return out;
+  };
+  SchedulerCounters with{}, without{}, tight{};
+  const auto shared = run(true, 0, &with);
+  const auto plain = run(false, 0, &without);
+  for (int i = 0; i < 6; ++i) {
+    const auto alone = run_alone(s, prompts[size_t(i)], i == 0 ? 4 : 30, 0.f, 1.f, 0);
+    EXPECT_EQ(shared[size_t(i)], alone) << "request " << i;
+    EXPECT_EQ(plain[size_t(i)], alone) << "request " << i;
+  }
+  EXPECT_EQ(with.prefix_hits, 5u);
+  EXPECT_EQ(with.prefix_shared_tokens, 5u * 256u);
+  EXPECT_EQ(without.prefix_hits, 0u);
+  // 256 shared tokens = 32 sink tokens (2 sink pages) + 224 main tokens (14 pages): five requests
+  // share them, held once, so at least four copies (56 pages) are saved at the peak.
+  EXPECT_LE(with.peak_pages_used + 4 * 14, without.peak_pages_used + 4)
+      << "peak pages " << with.peak_pages_used << " with sharing vs " << without.peak_pages_used << " without";
+  EXPECT_LT(with.peak_sink_pages_used, without.peak_sink_pages_used);
+  // A pool that holds about two of these requests: preemption and sharing together.
+  const auto small = run(true, 60, &tight);
+  EXPECT_GT(tight.preemptions + tight.prefix_hits, 0u);
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(small[size_t(i)], shared[size_t(i)]) << "request " << i;
+}
+
+// Finished prompts held for sharing (prefix_cache_seqs): a later request with the same system prompt
+// shares the held pages; held prompts give way when a request needs their pages, without preemption.
+TEST(Scheduler, HeldPromptsAreSharedLaterAndGiveWay) {
+  const QuantSpec s = spec(Format::kInt8, 16);
+  const std::vector<int32_t> system = prompt_ids(5, 255);
+  auto with_tail = [&](int i, int n) {
+    std::vector<int32_t> p = system;
+    const std::vector<int32_t> tail = prompt_ids(60 + i, n);
+    p.insert(p.end(), tail.begin() + 1, tail.end());
+    return p;
+  };
+  SchedulerOptions so;
+  so.prefix_cache_seqs = 2;
+  Harness h(s, 4, 40, 0, so);  // 40 pages of 16 tokens: one 300-token request holds 18
+  SamplingParams p;
+  p.max_tokens = 20;
+  const auto a = with_tail(0, 40), b = with_tail(1, 30);
+  const RequestId ia = h.add(a, p);
+  h.drain();
+  SchedulerCounters c = h.sched->counters();
+  EXPECT_EQ(c.prefix_cached, 1);
+  EXPECT_EQ(h.engine->book().pool().num_free(), 40 - 15) << "256 tokens less a 16-token sink: 15 pages held";
+  const RequestId ib = h.add(b, p);
+  h.drain();
+  c = h.sched->counters();
+  EXPECT_EQ(c.prefix_hits, 1u);
+  EXPECT_EQ(c.prefix_shared_tokens, 256u);
+  EXPECT_EQ(h.out[ia].tokens, run_alone(s, a, 20));
+  EXPECT_EQ(h.out[ib].tokens, run_alone(s, b, 20));
+  // An unrelated request that needs 30 of the 40 pages: the held prompt gives way, nothing is preempted.
+  const auto big = prompt_ids(90, 470);
+  const RequestId ic = h.add(big, p);
+  h.drain();
+  c = h.sched->counters();
+  EXPECT_EQ(c.preemptions, 0u);
+  EXPECT_EQ(h.out[ic].tokens, run_alone(s, big, 20));
+  EXPECT_EQ(h.out[ic].finish, Finish::kLength);
+  EXPECT_LE(c.prefix_cached, 2);
+}
+
 TEST(Scheduler, AdmitsOnlyWhatThePagesHold) {
   // Each request needs ceil((1 + 100 + 1 - 16) / 16) = 6 main pages to be admitted; 13 pages hold 2.
   const QuantSpec s = spec(Format::kInt8, 16);

@@ -31,7 +31,8 @@ struct ServeCli {
   int threads = 0;
   int max_seqs = 16, max_model_len = 0, max_batched_tokens = 0, chunk_tokens = 128;
   double kv_gib = 0, gpu_util = 0;
-  bool batch_invariant = false, fast_recompute = false;
+  bool batch_invariant = false, fast_recompute = false, no_prefix_sharing = false;
+  int prefix_cache_seqs = 0;
   double max_body_mib = 1.0;
   int http_threads = 64;
 };
@@ -100,6 +101,8 @@ int run_serve(const ServeCli& o) {
   serve::SchedulerOptions so;
   so.max_step_tokens = o.max_batched_tokens;
   so.exact_recompute = !o.fast_recompute;
+  so.prefix_sharing = !o.no_prefix_sharing;
+  so.prefix_cache_seqs = o.prefix_cache_seqs;
   auto sched = serve::Scheduler::create(*engine.value(), so);
   if (!sched.is_ok()) return fail(sched.status());
 
@@ -169,6 +172,11 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
                 "the request run alone (slower batched decode)");
   sub->add_flag("--fast-recompute", o->fast_recompute, "Recompute a preempted request's generated tokens as one "
                 "prefill (faster; may differ by rounding from the uninterrupted run)");
+  sub->add_flag("--no-prefix-sharing", o->no_prefix_sharing, "Compute every prompt in full instead of sharing the "
+                "pages of a running request's identical prompt prefix (whole prefill chunks)");
+  sub->add_option("--prefix-cache-seqs", o->prefix_cache_seqs, "Finished prompts whose whole-chunk prefix pages "
+                  "stay for later requests to share (least recently used out; they give way to running requests)")
+      ->capture_default_str()->check(CLI::Range(0, 4096));
   sub->add_option("--max-body-mib", o->max_body_mib, "Largest request body (MiB)")->capture_default_str();
   sub->add_option("--http-threads", o->http_threads, "Connections served at once (a stream holds one)")->capture_default_str();
   return [o] { return run_serve(*o); };

@@ -75,6 +75,18 @@ class PagedKvCache {
   // sink still has room). The child inherits the sink capacity and the per-layer written counts.
   // kOutOfMemory (nothing changed) when those copies find no free page.
   Result<SeqId> fork(SeqId parent);
+  // New sequence whose first `n_tokens` are `parent`'s, by reference to the parent's pages (a shared
+  // prompt prefix held once): only whole pages are shared, so neither sequence ever writes into a
+  // shared page and no page is copied (works without host planes, i.e. on every backend). Needs
+  // 1 <= n_tokens <= parent's length and prefix_pages_closed(n_tokens, parent's sink capacity, block);
+  // the child inherits the sink capacity and has min(written, n_tokens) written tokens per layer.
+  Result<SeqId> share_prefix(SeqId parent, int n_tokens);
+  // Whether the first n tokens of a sequence with sink capacity `sink_cap` fill whole pages: the
+  // sink part is empty, full, or a multiple of the block; the main part a multiple of the block.
+  static bool prefix_pages_closed(int n_tokens, int sink_cap, int block_size);
+  // Keeps only the first n_tokens of `seq` (prefix_pages_closed: whole pages), releasing the pages
+  // beyond them; what is kept is unchanged. Used to hold a finished request's prompt for sharing.
+  Status truncate(SeqId seq, int n_tokens);
   Status free_sequence(SeqId seq);
 
   // Grows the sequence by n token slots (allocating pages shared by all layers). On exhaustion

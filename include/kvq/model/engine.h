@@ -56,7 +56,14 @@ class Engine {
 
   // A new empty sequence (kOutOfMemory when max_seqs are alive).
   Result<cache::SeqId> add_sequence();
+  // A new sequence whose first n_tokens are those of `donor` (a common prompt prefix), referencing the
+  // donor's pages instead of recomputing them (cache::PagedKvCache::share_prefix: whole pages only,
+  // nothing copied, any backend). The new sequence continues at position n_tokens. kOutOfMemory when
+  // max_seqs are alive; kInvalidArgument when n_tokens is beyond the donor or splits a page.
+  Result<cache::SeqId> add_sequence_sharing(cache::SeqId donor, int n_tokens);
   Status free_sequence(cache::SeqId seq);
+  // Keeps the first n_tokens of seq (whole pages; cache::PagedKvCache::truncate).
+  Status truncate_sequence(cache::SeqId seq, int n_tokens);
   int position(cache::SeqId seq) const;  // tokens in the cache, -1 for an unknown id
 
   // Appends every step's tokens (distinct sequences). On failure the sequences of this call are

@@ -13,7 +13,8 @@
 //      recompute: its sequence is freed and it goes back to the head of the queue with its prompt
 //      and generated tokens. It is never aborted and its sink is never shortened;
 //   4. admits waiting requests (FIFO) while sequences, pages for their whole known tokens and the
-//      step's token budget allow;
+//      step's token budget allow, sharing the pages of a running request's identical prompt prefix
+//      (SchedulerOptions::prefix_sharing);
 //   5. runs the engine: forward() for pieces that do not end at the request's last token,
 //      forward_sample() for those that do (one token per request, with its own temperature, top_p
 //      and seeded draw), and reports tokens and completions through each request's callback.
@@ -69,11 +70,24 @@ using RequestId = uint64_t;
 struct SchedulerOptions {
   int max_step_tokens = 0;  // rows per step over all requests; 0: 2 * chunk_tokens (at least chunk_tokens + max_seqs)
   bool exact_recompute = true;
+  // Shared prompt prefixes: a request whose prompt starts with at least one prefill chunk of a
+  // running request's prompt references that request's pages (whole chunks, so whole pages) instead
+  // of computing them again, and while those tokens are still being prefilled it waits for them
+  // (other requests are admitted meanwhile). The pages are reference counted: they stay while any
+  // sequence holds them, also after the first request finishes. The shared tokens were computed in
+  // the same chunks the request would compute alone, so results do not change.
+  bool prefix_sharing = true;
+  // With prefix_sharing: how many finished requests keep their prompt's pages (whole chunks) for later
+  // requests to share, least recently used first out. Held prompts give way before any running
+  // request is preempted, and when a sequence slot is needed. 0: none kept.
+  int prefix_cache_seqs = 0;
 };
 
 struct SchedulerCounters {
   uint64_t steps = 0, admitted = 0, finished = 0, cancelled = 0, failed = 0, preemptions = 0;
   uint64_t prompt_tokens = 0, generated_tokens = 0, recomputed_tokens = 0;
+  uint64_t prefix_hits = 0, prefix_shared_tokens = 0;  // admissions that shared a prefix; tokens not computed
+  int prefix_cached = 0;                                // finished prompts held for sharing (prefix_cache_seqs)
   int running = 0, waiting = 0;
   int pages_total = 0, pages_free = 0, sink_pages_total = 0, sink_pages_free = 0;
   int max_running = 0;  // most requests running at once so far
