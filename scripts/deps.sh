@@ -2,7 +2,7 @@
 # Installs what kvq builds and tests with, from Debian's archive and PyPI, only when missing.
 set -euo pipefail
 pkgs=(cmake g++ ninja-build libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-      libopenblas-dev libssl-dev libcpp-httplib-dev pkg-config python3 python3-pip
+      libopenblas-dev libssl-dev libcpp-httplib-dev pkg-config python3 python3-pip python3-venv python3-dev
       clang-14 libclang-rt-14-dev)  # clang + libFuzzer: scripts/fuzz.sh
 missing=()
 for p in "${pkgs[@]}"; do

@@ -7,7 +7,9 @@
 #             (build-asan/, CUDA off)
 #   fuzz      each libFuzzer target for KVQ_FUZZ_SECONDS (default 30) s under ASan + UBSan
 #             (scripts/fuzz.sh, build-fuzz/)
-#   scripts/test.sh [all|default|sanitize|fuzz]    (default: all; each stage's time is printed)
+#   python    the Python package (python/): a venv in build-py/venv, `pip install ./python`
+#             (CPU-only build of what the module needs, -Werror), its pytest suite on numpy arrays
+#   scripts/test.sh [all|default|sanitize|fuzz|python]    (default: all; each stage's time is printed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -15,7 +17,7 @@ bash scripts/deps.sh
 python3 scripts/pull_smollm2.py
 jobs=$(nproc)
 which="${1:-all}"
-case $which in all|default|sanitize|fuzz) ;; *) echo "usage: scripts/test.sh [all|default|sanitize|fuzz]" >&2; exit 2;; esac
+case $which in all|default|sanitize|fuzz|python) ;; *) echo "usage: scripts/test.sh [all|default|sanitize|fuzz|python]" >&2; exit 2;; esac
 run_config() {
   local dir=$1; shift
   cmake -S . -B "$dir" -G Ninja "$@" >/dev/null
@@ -44,5 +46,19 @@ if [[ $which == all || $which == sanitize ]]; then
 fi
 if [[ $which == all || $which == fuzz ]]; then
   stage "fuzz (build-fuzz/)" bash scripts/fuzz.sh "${KVQ_FUZZ_SECONDS:-30}"
+fi
+python_stage() {
+  # Debian's python3 is externally managed: the package and its test tools go into a venv. The
+  # build tools are installed first and the package built without isolation, so the same command
+  # works offline where the wheels are already installed (the GPU machine).
+  local venv=build-py/venv
+  [[ -x $venv/bin/python ]] || python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install -q scikit-build-core nanobind numpy ml_dtypes pytest
+  "$venv/bin/python" -m pip install -q --no-build-isolation -C cmake.define.KVQ_WERROR=ON ./python
+  # From outside the source tree, so `import kvq` is the installed package.
+  (cd build-py && venv/bin/python -m pytest -q ../python/tests)
+}
+if [[ $which == all || $which == python ]]; then
+  stage "python package (build-py/)" python_stage
 fi
 printf '%s\n' "== stage times ==" "${timings[@]}"

@@ -579,6 +579,19 @@ int PagedKvCache::sink_capacity(SeqId seq) const {
   return has_sequence(seq) ? seqs_[static_cast<size_t>(seq)].sink_capacity : -1;
 }
 
+bool PagedKvCache::token_slot(SeqId seq, int pos, int32_t* out) const {
+  if (!has_sequence(seq) || pos < 0 || pos >= seq_len(seq)) return false;
+  const Sequence& s = seqs_[static_cast<size_t>(seq)];
+  const int bs = geom_.block_size;
+  if (pos < s.sink_capacity) {
+    *out = encode_sink_slot(s.sink_blocks[static_cast<size_t>(pos / bs)], pos % bs, bs);
+  } else {
+    const int u = pos - s.sink_capacity;
+    *out = encode_main_slot(s.blocks[static_cast<size_t>(u / bs)], u % bs, bs);
+  }
+  return true;
+}
+
 int PagedKvCache::written(SeqId seq, int layer) const {
   if (!has_sequence(seq) || layer < 0 || layer >= geom_.num_layers) return -1;
   return seqs_[static_cast<size_t>(seq)].written[static_cast<size_t>(layer)];

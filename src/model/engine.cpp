@@ -235,25 +235,16 @@ Status Engine::Impl::plan_pieces(const std::vector<SeqStep>& steps, std::vector<
 }
 
 Status Engine::Impl::stage(const std::vector<Piece>& pieces, int num_decode) {
-  const int bs = book->geometry().block_size;
   int rows = 0, npf = 0;
   spans.clear();
   for (size_t pi = 0; pi < pieces.size(); ++pi) {
     const Piece& p = pieces[pi];
     KVQ_RETURN_IF_ERROR(book->extend(p.seq, p.n));
-    const int cap = book->sink_capacity(p.seq);
-    const auto& blocks = book->block_table(p.seq);
-    const auto& sinks = book->sink_table(p.seq);
     for (int t = 0; t < p.n; ++t) {
       const int pos = p.pos + t, r = p.row0 + t;
       h_tokens[r] = p.tokens[t];
       h_positions[r] = pos;
-      if (pos < cap) {
-        h_slots[r] = cache::encode_sink_slot(sinks[static_cast<size_t>(pos / bs)], pos % bs, bs);
-      } else {
-        const int u = pos - cap;
-        h_slots[r] = cache::encode_main_slot(blocks[static_cast<size_t>(u / bs)], u % bs, bs);
-      }
+      if (!book->token_slot(p.seq, pos, &h_slots[r])) return internal_error("engine: token without a slot after extend()");
     }
     rows += p.n;
     spans.push_back({p.seq, p.pos, p.n, p.row0});
@@ -268,6 +259,8 @@ Status Engine::Impl::stage(const std::vector<Piece>& pieces, int num_decode) {
     slens[i] = book->sink_len(p.seq);
     std::fill_n(bt.begin() + size_t(i) * max_blocks, max_blocks, -1);
     std::fill_n(st.begin() + size_t(i) * max_sink_blocks, max_sink_blocks, -1);
+    const auto& blocks = book->block_table(p.seq);
+    const auto& sinks = book->sink_table(p.seq);
     std::copy(blocks.begin(), blocks.end(), bt.begin() + size_t(i) * max_blocks);
     std::copy(sinks.begin(), sinks.end(), st.begin() + size_t(i) * max_sink_blocks);
   }

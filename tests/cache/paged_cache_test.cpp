@@ -157,6 +157,29 @@ TEST(PagedKvCacheLayout, TokensLandWhereLayoutSays) {
   EXPECT_EQ(c->read_token(s, 0, 50, rk.data(), rv.data()).code(), StatusCode::kInvalidArgument);
 }
 
+// token_slot() gives the slot every writer uses: the sink for t < sink_len, else the main page of
+// t - sink_len; nothing for an unknown sequence or an unreserved position.
+TEST(PagedKvCacheLayout, TokenSlotFollowsTheTables) {
+  const int bs = 16;
+  auto c = make(make_config(Format::kFp8E4m3, kToken, bs, 1, 2, 8, 8, 4, 20));
+  ASSERT_TRUE(c);
+  const SeqId other = c->add_sequence().value();
+  ASSERT_TRUE(c->extend(other, 40).is_ok());  // takes pages first, so `s` gets non-initial ones
+  const SeqId s = c->add_sequence().value();
+  ASSERT_TRUE(c->extend(s, 50).is_ok());
+  int32_t slot = 12345;
+  ASSERT_TRUE(c->token_slot(s, 17, &slot));
+  EXPECT_EQ(slot, -(c->sink_table(s)[1] * bs + 1) - 1);
+  ASSERT_TRUE(c->token_slot(s, 39, &slot));  // 39 - 20 = 19: block 1, slot 3
+  EXPECT_EQ(slot, c->block_table(s)[1] * bs + 3);
+  for (int32_t p : c->block_table(other)) EXPECT_NE(c->block_table(s)[1], p);
+  slot = 777;
+  EXPECT_FALSE(c->token_slot(s, 50, &slot));
+  EXPECT_FALSE(c->token_slot(s, -1, &slot));
+  EXPECT_FALSE(c->token_slot(99, 0, &slot));
+  EXPECT_EQ(slot, 777);
+}
+
 struct FormatCase {
   Format f;
   ScaleGranularity g;

@@ -232,6 +232,15 @@ class Backend {
   KVQ_BACKEND_OP(SampleArgs)
 #undef KVQ_BACKEND_OP
 
+  // Which stream later ops are enqueued on (cuda): external = false returns to the backend's own
+  // stream; external = true borrows `stream` (a cudaStream_t; nullptr is the legacy default
+  // stream) without owning it, so a caller such as PyTorch can order kvq's ops with its own and
+  // capture them in its CUDA graphs. Backends without streams (cpu) accept only external = false.
+  virtual Status use_stream(bool external, void* stream) {
+    (void)stream;
+    return external ? unsupported("this backend has no streams") : Status::ok();
+  }
+
   // Graph capture of a step whose ops touch only memory allocated beforehand (decode steps). A
   // backend without graphs returns false from supports_graphs(); the engine then runs eagerly.
   // capture() runs `body` in capture mode and returns an id for replay(); body's ops are not

@@ -113,6 +113,9 @@ class PagedKvCache {
   int seq_len(SeqId seq) const;
   int sink_len(SeqId seq) const;  // tokens of seq held in the sink (min(len, sink tokens))
   int sink_capacity(SeqId seq) const;
+  // Where token `pos` of `seq` lives, as a write destination (layout.h's encode_main_slot /
+  // encode_sink_slot); false (out untouched) for an unknown sequence or pos outside [0, seq_len).
+  bool token_slot(SeqId seq, int pos, int32_t* out) const;
   int written(SeqId seq, int layer) const;  // tokens [0, written) of that layer hold data
   const std::vector<int32_t>& block_table(SeqId seq) const;
   const std::vector<int32_t>& sink_table(SeqId seq) const;

@@ -243,20 +243,15 @@ Status CpuBackend::can_implement(const CacheWriteArgs& a) const {
   // reference, check that it agrees with the block tables (layout.h), so a wrong mapping fails on
   // the CPU too instead of only on the device.
   if (a.rows > 0 && a.slot_mapping == nullptr) return invalid_argument("cache write: null slot mapping");
-  const int bs = a.book->geometry().block_size;
   for (int i = 0; i < a.num_spans; ++i) {
     const WriteSpan& s = a.spans[i];
     if (!a.book->has_sequence(s.seq)) return invalid_argument("cache write: unknown sequence " + std::to_string(s.seq));
     if (s.pos0 < 0 || s.pos0 + s.n > a.book->seq_len(s.seq))
       return invalid_argument("cache write: span " + std::to_string(i) + " writes tokens not reserved by extend()");
-    const int cap = a.book->sink_capacity(s.seq);
-    const auto& blocks = a.book->block_table(s.seq);
-    const auto& sinks = a.book->sink_table(s.seq);
     for (int t = 0; t < s.n; ++t) {
       const int pos = s.pos0 + t;
-      const int32_t want = pos < cap ? cache::encode_sink_slot(sinks[static_cast<size_t>(pos / bs)], pos % bs, bs)
-                                     : cache::encode_main_slot(blocks[static_cast<size_t>((pos - cap) / bs)],
-                                                               (pos - cap) % bs, bs);
+      int32_t want = 0;
+      (void)a.book->token_slot(s.seq, pos, &want);  // in range: checked just above
       if (a.slot_mapping[s.row0 + t] != want)
         return invalid_argument("cache write: slot_mapping[" + std::to_string(s.row0 + t) + "] is " +
                                 std::to_string(a.slot_mapping[s.row0 + t]) + " but the block tables put token " +

@@ -109,7 +109,7 @@ class CudaBackend final : public Backend {
     if (blas_ != nullptr) cublasDestroy(blas_);
     // Buffers free themselves (cudaFree needs no stream); the stream goes last.
     retired_.clear();
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
   }
 
   Status init(const BackendOptions& opts) {
@@ -120,7 +120,8 @@ class CudaBackend final : public Backend {
     if (info_.cc_major < 8)
       return unsupported("cuda backend: " + info_.name + " (sm_" + str(info_.cc_major * 10 + info_.cc_minor) +
                          ") is too old; the kernels need sm_80 or newer (use --backend cpu)");
-    KVQ_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cuda backend: stream"));
+    KVQ_RETURN_IF_ERROR(cuda_status(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cuda backend: stream"));
+    stream_ = own_stream_;
     KVQ_RETURN_IF_ERROR(blas_status(cublasCreate(&blas_), "cuda backend: cublasCreate"));
     KVQ_RETURN_IF_ERROR(blas_status(cublasSetStream(blas_, stream_), "cuda backend: cublasSetStream"));
     // An explicit workspace makes cuBLAS capturable in graphs (no allocation during capture).
@@ -163,6 +164,21 @@ class CudaBackend final : public Backend {
   Status copy(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return Status::ok();
     return cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "cuda copy");
+  }
+  Status use_stream(bool external, void* stream) override {
+    const cudaStream_t want = external ? static_cast<cudaStream_t>(stream) : own_stream_;
+    if (want == stream_) return Status::ok();
+    if (capturing_) return internal_error("cuda backend: the stream cannot change inside a graph capture");
+    // Workspaces are reused by every op: the new stream must not start before the old one's work
+    // is done with them. Not while either stream is being captured (a capture may not wait on
+    // outside work; the caller's warm-up before capturing has drained the old stream then).
+    cudaStreamCaptureStatus old_cap = cudaStreamCaptureStatusNone, new_cap = cudaStreamCaptureStatusNone;
+    KVQ_RETURN_IF_ERROR(cuda_status(cudaStreamIsCapturing(stream_, &old_cap), "cuda backend: stream query"));
+    KVQ_RETURN_IF_ERROR(cuda_status(cudaStreamIsCapturing(want, &new_cap), "cuda backend: stream query"));
+    if (old_cap == cudaStreamCaptureStatusNone && new_cap == cudaStreamCaptureStatusNone)
+      KVQ_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream_), "cuda backend: stream switch"));
+    stream_ = want;
+    return blas_status(cublasSetStream(blas_, stream_), "cuda backend: cublasSetStream");
   }
   Status synchronize() override { return cuda_status(cudaStreamSynchronize(stream_), "cuda synchronize"); }
 
@@ -623,7 +639,8 @@ class CudaBackend final : public Backend {
   }
 
   CudaDeviceInfo info_;
-  cudaStream_t stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;      // where ops go: own_stream_ or a borrowed one (use_stream)
+  cudaStream_t own_stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   bool capturing_ = false;
   std::map<PlanKey, kc::DecodePlan> plans_;
