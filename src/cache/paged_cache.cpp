@@ -533,6 +533,11 @@ const std::vector<int32_t>& PagedKvCache::block_table(SeqId seq) const {
   return has_sequence(seq) ? seqs_[static_cast<size_t>(seq)].blocks : empty_table();
 }
 
+int32_t PagedKvCache::slot_of(SeqId seq, int pos) const {
+  const auto& s = seqs_[static_cast<size_t>(seq)];
+  return position_slot(pos, s.sink_capacity, s.blocks.data(), s.sink_blocks.data(), geom_.block_size);
+}
+
 const std::vector<int32_t>& PagedKvCache::sink_table(SeqId seq) const {
   return has_sequence(seq) ? seqs_[static_cast<size_t>(seq)].sink_blocks : empty_table();
 }

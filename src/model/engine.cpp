@@ -247,12 +247,7 @@ Status Engine::Impl::stage(const std::vector<Piece>& pieces, int num_decode) {
       const int pos = p.pos + t, r = p.row0 + t;
       h_tokens[r] = p.tokens[t];
       h_positions[r] = pos;
-      if (pos < cap) {
-        h_slots[r] = cache::encode_sink_slot(sinks[static_cast<size_t>(pos / bs)], pos % bs, bs);
-      } else {
-        const int u = pos - cap;
-        h_slots[r] = cache::encode_main_slot(blocks[static_cast<size_t>(u / bs)], u % bs, bs);
-      }
+      h_slots[r] = cache::position_slot(pos, cap, blocks.data(), sinks.data(), bs);
     }
     rows += p.n;
     spans.push_back({p.seq, p.pos, p.n, p.row0});

@@ -254,9 +254,7 @@ Status CpuBackend::can_implement(const CacheWriteArgs& a) const {
     const auto& sinks = a.book->sink_table(s.seq);
     for (int t = 0; t < s.n; ++t) {
       const int pos = s.pos0 + t;
-      const int32_t want = pos < cap ? cache::encode_sink_slot(sinks[static_cast<size_t>(pos / bs)], pos % bs, bs)
-                                     : cache::encode_main_slot(blocks[static_cast<size_t>((pos - cap) / bs)],
-                                                               (pos - cap) % bs, bs);
+      const int32_t want = cache::position_slot(pos, cap, blocks.data(), sinks.data(), bs);
       if (a.slot_mapping[s.row0 + t] != want)
         return invalid_argument("cache write: slot_mapping[" + std::to_string(s.row0 + t) + "] is " +
                                 std::to_string(a.slot_mapping[s.row0 + t]) + " but the block tables put token " +
