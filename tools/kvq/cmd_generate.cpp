@@ -4,11 +4,9 @@
 #include <cstdio>
 #include <string>
 
-#include "kvq/backend/backend.h"
 #include "kvq/cache_options.h"
 #include "kvq/cli_support.h"
 #include "kvq/command.h"
-#include "kvq/format/auto_format.h"
 #include "kvq/model/model.h"
 
 namespace kvq::tools {
@@ -40,25 +38,18 @@ int run_generate(const GenerateOptions& o) {
   // Everything the flags decide is checked before the model loads.
   Status sampling = check_sampling(o.temperature, o.top_p, o.max_new);
   if (!sampling.is_ok()) return fail(sampling);
-  auto kind = backend::resolve_backend(o.cache.backend);
-  if (!kind.is_ok()) return fail(kind.status());
-  // `auto` is what the backend the model runs on prefers (fp8 on sm_89+ GPUs, int8 on CPUs).
-  auto spec = to_quant_spec(o.cache, backend::auto_cache_format(kind.value()));
-  if (!spec.is_ok()) return fail(spec.status());
-  backend::BackendOptions bo;
-  bo.cpu_threads = o.threads;
-  auto be = backend::create_backend(kind.value(), bo);
-  if (!be.is_ok()) return fail(be.status());
-  auto path = model::resolve_model_path(o.model);
-  if (!path.is_ok()) return fail(path.status());
-
-  auto t0 = Clock::now();
-  auto m = model::Model::load(path.value(), o.tokenizer);
-  if (!m.is_ok()) return fail(m.status());
-  const model::Model& mod = *m.value();
+  Result<QuantSpec> spec = invalid_argument("no spec");
+  auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, o.threads}, [&](backend::BackendKind kind) {
+    // `auto` is what the backend the model runs on prefers (fp8 on sm_89+ GPUs, int8 on CPUs).
+    spec = to_quant_spec(o.cache, kind);
+    return spec.status();
+  });
+  if (!run.is_ok()) return fail(run.status());
+  const model::Model& mod = *run.value().model;
+  const backend::Backend& be = *run.value().backend;
   const model::ModelConfig& c = mod.config();
   std::fprintf(stderr, "model %s: %d layers, dim %d, %d/%d heads of %d, vocab %d (loaded in %.2f s)\n", c.name.c_str(),
-               c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, seconds_since(t0));
+               c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, run.value().load_seconds);
 
   const model::Tokenizer& tok = mod.tokenizer();
   std::string text = o.chat ? tok.chat_prompt(o.prompt) : o.prompt;
@@ -69,9 +60,9 @@ int run_generate(const GenerateOptions& o) {
 
   int max_tokens = o.max_tokens > 0 ? o.max_tokens : static_cast<int>(prompt.size()) + o.max_new;
   max_tokens = std::min(max_tokens, c.max_seq_len);
-  auto runner = model::Runner::create(mod, spec.value(), max_tokens, be.value().get());
+  auto runner = model::Runner::create(mod, spec.value(), max_tokens, run.value().backend.get());
   if (!runner.is_ok()) return fail(runner.status());
-  std::fprintf(stderr, "engine %s; kv cache %s, prompt %zu tokens\n", be.value()->describe().c_str(),
+  std::fprintf(stderr, "engine %s; kv cache %s, prompt %zu tokens\n", be.describe().c_str(),
                spec.value().to_string().c_str(), prompt.size());
 
   model::SamplingOptions so;
