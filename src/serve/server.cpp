@@ -338,7 +338,9 @@ std::string Server::Impl::metrics_text() const {
 
 Result<std::unique_ptr<Server>> Server::create(Scheduler& sched, const ServerOptions& opts) {
   if (opts.http_threads < 1 || opts.http_threads > 4096) return invalid_argument("http_threads must be in [1, 4096]");
-  if (opts.max_body_bytes < 1024) return invalid_argument("the body limit must be at least 1024 bytes");
+  if (opts.max_body_bytes < 1024 || opts.max_body_bytes > (size_t{1} << 30))
+    return invalid_argument("the body limit must be in [1 KiB, 1 GiB] (got " + std::to_string(opts.max_body_bytes) +
+                            " bytes)");
   if (opts.port < 0 || opts.port > 65535) return invalid_argument("port must be in [0, 65535]");
   std::unique_ptr<Server> s(new Server());
   s->impl_ = std::make_unique<Impl>();

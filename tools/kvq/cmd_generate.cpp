@@ -1,6 +1,8 @@
 // `kvq generate`: runs a model on the CPU engine with the chosen KV cache format and streams the
 // generated text; timing and cache memory go to stderr.
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
@@ -38,6 +40,9 @@ int run_generate(const GenerateOptions& o) {
   // Everything the flags decide is checked before the model loads.
   Status sampling = check_sampling(o.temperature, o.top_p, o.max_new);
   if (!sampling.is_ok()) return fail(sampling);
+  if (o.max_tokens < 0)
+    return fail(invalid_argument("--max-tokens " + std::to_string(o.max_tokens) +
+                                 " is not valid; use 0 (the prompt plus -n) or a capacity in tokens"));
   Result<QuantSpec> spec = invalid_argument("no spec");
   auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, o.threads}, [&](backend::BackendKind kind) {
     // `auto` is what the backend the model runs on prefers (fp8 on sm_89+ GPUs, int8 on CPUs).
@@ -58,8 +63,19 @@ int run_generate(const GenerateOptions& o) {
   if (prompt.empty() && tok.bos_id() >= 0) prompt.push_back(tok.bos_id());
   if (prompt.empty()) return fail(invalid_argument("the prompt is empty and the model has no BOS token"));
 
-  int max_tokens = o.max_tokens > 0 ? o.max_tokens : static_cast<int>(prompt.size()) + o.max_new;
-  max_tokens = std::min(max_tokens, c.max_seq_len);
+  // The cache holds the prompt and the tokens to generate, never more than the model's context
+  // (generation stops when it is full); summed in 64 bits, so a huge -n cannot wrap around.
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  if (prompt_len >= c.max_seq_len)
+    return fail(invalid_argument("the prompt has " + std::to_string(prompt_len) + " tokens; the model's context of " +
+                                 std::to_string(c.max_seq_len) + " leaves no room to generate"));
+  if (o.max_tokens > 0 && o.max_tokens <= prompt_len)
+    return fail(invalid_argument("--max-tokens " + std::to_string(o.max_tokens) + " leaves no room after the " +
+                                 std::to_string(prompt_len) + "-token prompt; use at least " +
+                                 std::to_string(prompt_len + 1) + " (the model's context is " +
+                                 std::to_string(c.max_seq_len) + ")"));
+  const int64_t wanted = o.max_tokens > 0 ? o.max_tokens : prompt_len + o.max_new;
+  const int max_tokens = static_cast<int>(std::min<int64_t>(wanted, c.max_seq_len));
   auto runner = model::Runner::create(mod, spec.value(), max_tokens, run.value().backend.get());
   if (!runner.is_ok()) return fail(runner.status());
   std::fprintf(stderr, "engine %s; kv cache %s, prompt %zu tokens\n", be.describe().c_str(),

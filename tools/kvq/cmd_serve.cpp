@@ -51,7 +51,30 @@ int fail(const Status& s) {
   return per_layer * c.n_layers + double(c.vocab_size) * c.dim * (c.tied_embeddings ? 1 : 2) + c.dim;
 }
 
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// Sizes checked before anything loads; those that need the model are checked once it is loaded.
+Status check_sizes(const ServeCli& o) {
+  if (!(o.max_body_mib > 0 && o.max_body_mib <= 1024))
+    return invalid_argument("--max-body-mib " + num(o.max_body_mib) + " is not valid; use (0, 1024] MiB");
+  if (!(o.kv_gib >= 0 && o.kv_gib <= double(1 << 20)))
+    return invalid_argument("--kv-cache-memory " + num(o.kv_gib) + " is not valid; use 0 (room for "
+                            "--max-num-seqs full sequences) or a budget in GiB");
+  if (o.max_model_len < 0)
+    return invalid_argument("--max-model-len " + std::to_string(o.max_model_len) +
+                            " is not valid; use 0 (the model's context) or a length in tokens");
+  if (o.max_batched_tokens < 0)
+    return invalid_argument("--max-num-batched-tokens " + std::to_string(o.max_batched_tokens) +
+                            " is not valid; use 0 (two prefill chunks) or a token budget");
+  return Status::ok();
+}
+
 int run_serve(const ServeCli& o) {
+  if (Status st = check_sizes(o); !st.is_ok()) return fail(st);
   Result<QuantSpec> spec = invalid_argument("no spec");
   auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, o.threads}, [&](backend::BackendKind kind) {
     spec = to_quant_spec(o.cache, kind);
@@ -62,6 +85,9 @@ int run_serve(const ServeCli& o) {
   const model::Model& mod = *run.value().model;
   backend::Backend& be = *run.value().backend;
   const model::ModelConfig& c = mod.config();
+  if (o.max_model_len > c.max_seq_len)
+    return fail(invalid_argument("--max-model-len " + std::to_string(o.max_model_len) + " exceeds the context of " +
+                                 c.name + " (" + std::to_string(c.max_seq_len) + " tokens)"));
 
   model::EngineOptions eo;
   eo.max_seqs = o.max_seqs;
@@ -93,7 +119,12 @@ int run_serve(const ServeCli& o) {
     eo.num_sink_pages = pools.value().num_sink_pages;
   }
   auto engine = model::Engine::create(mod, spec.value(), be, eo);
-  if (!engine.is_ok()) return fail(engine.status());
+  if (!engine.is_ok())  // name the flags that sized what the engine refused
+    return fail(Status(engine.status().code(),
+                       "--max-num-seqs " + std::to_string(o.max_seqs) + ", context " + std::to_string(ctx) +
+                           ", --chunk-tokens " + std::to_string(o.chunk_tokens) +
+                           (budget_gib > 0 ? ", a KV budget of " + num(budget_gib) + " GiB (--kv-cache-memory)" : "") +
+                           ": " + engine.status().message()));
   serve::SchedulerOptions so;
   so.max_step_tokens = o.max_batched_tokens;
   so.exact_recompute = !o.fast_recompute;
