@@ -174,10 +174,10 @@ Result<QuantSpec> to_quant_spec(const CacheCliOptions& o, backend::BackendKind k
 
 Result<ModelRun> open_model_run(const ModelRunFlags& flags,
                                 const std::function<Status(backend::BackendKind)>& check_flags) {
-  auto named = [](const char* flag, const Status& s) { return Status(s.code(), std::string(flag) + ": " + s.message()); };
+  auto named = [](const std::string& flag, const Status& s) { return Status(s.code(), flag + ": " + s.message()); };
   ModelRun run;
   auto kind = backend::resolve_backend(flags.backend);
-  if (!kind.is_ok()) return named("--backend", kind.status());
+  if (!kind.is_ok()) return kind.status();  // names --backend itself
   run.kind = kind.value();
   if (check_flags)
     if (Status st = check_flags(run.kind); !st.is_ok()) return st;
@@ -188,7 +188,7 @@ Result<ModelRun> open_model_run(const ModelRunFlags& flags,
   backend::BackendOptions bo;
   bo.cpu_threads = flags.cpu_threads;
   auto be = backend::create_backend(run.kind, bo);
-  if (!be.is_ok()) return named("--backend", be.status());
+  if (!be.is_ok()) return named("--backend " + flags.backend, be.status());
   run.backend = std::move(be).value();
   auto m = model::Model::load(run.model_path, flags.tokenizer);
   if (!m.is_ok()) return Status(m.status().code(), "loading " + run.model_path + ": " + m.status().message());

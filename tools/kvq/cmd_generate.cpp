@@ -53,8 +53,6 @@ int run_generate(const GenerateOptions& o) {
   const model::Model& mod = *run.value().model;
   const backend::Backend& be = *run.value().backend;
   const model::ModelConfig& c = mod.config();
-  std::fprintf(stderr, "model %s: %d layers, dim %d, %d/%d heads of %d, vocab %d (loaded in %.2f s)\n", c.name.c_str(),
-               c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, run.value().load_seconds);
 
   const model::Tokenizer& tok = mod.tokenizer();
   std::string text = o.chat ? tok.chat_prompt(o.prompt) : o.prompt;
@@ -76,6 +74,9 @@ int run_generate(const GenerateOptions& o) {
                                  std::to_string(c.max_seq_len) + ")"));
   const int64_t wanted = o.max_tokens > 0 ? o.max_tokens : prompt_len + o.max_new;
   const int max_tokens = static_cast<int>(std::min<int64_t>(wanted, c.max_seq_len));
+  // After the checks above, so that a refusal stays the one line on stderr.
+  std::fprintf(stderr, "model %s: %d layers, dim %d, %d/%d heads of %d, vocab %d (loaded in %.2f s)\n", c.name.c_str(),
+               c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, run.value().load_seconds);
   auto runner = model::Runner::create(mod, spec.value(), max_tokens, run.value().backend.get());
   if (!runner.is_ok()) return fail(runner.status());
   std::fprintf(stderr, "engine %s; kv cache %s, prompt %zu tokens\n", be.describe().c_str(),
