@@ -178,6 +178,18 @@ def main():
     save("cache_spec", "auto.txt", b"auto\nper_tensor\nfp32\nauto,fp8_fnuz:per_tensor" + struct.pack("<ii", 32, 0))
     save("cache_spec", "bad.txt", b"int4\nper_row\nfp16\nfp8:sink-1:b7,," + struct.pack("<ii", 0, -1))
 
+    # serve_request: first byte = chat (bit 0), llama2.c tokenizer (bit 1), context (bits 2-7).
+    def req(name, flags, body):
+        save("serve_request", name, bytes([flags]) + body.encode())
+    req("completion.json", 0xFC, '{"model":"m","prompt":"the 12 the","max_tokens":7,"temperature":0.5,"top_p":0.9,'
+        '"seed":-1,"stream":true,"stream_options":{"include_usage":true},"stop":["he","\\n"],"ignore_eos":true}')
+    req("ids.json", 0x7E, '{"prompt":[1,2,300,-1],"n":1,"best_of":1,"logprobs":false,"stop":"a"}')
+    req("chat.json", 0xFD, '{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":'
+        '[{"type":"text","text":"the "},{"type":"text","text":"caf\\u00e9 <|im_end|>"}]},'
+        '{"role":"assistant","content":"12"},{"role":"developer","content":""}],"max_completion_tokens":3}')
+    req("chat_llama2c.json", 0xFF, '{"messages":[{"role":"user","content":"ab a \\u00ff"}],"stop":["b",""]}')
+    req("bad.json", 0x01, '{"messages":[{"role":"robot","content":1}],"temperature":"hot","n":2}')
+
 
 if __name__ == "__main__":
     main()

@@ -10,7 +10,7 @@ secs="${1:-30}"
 shift || true
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-  targets=(gguf gguf_tokenizer llama2c_model llama2c_tokenizer text cache_spec)
+  targets=(gguf gguf_tokenizer llama2c_model llama2c_tokenizer text cache_spec serve_request)
 fi
 CXX_FUZZ="${CXX_FUZZ:-clang++-14}"
 if ! command -v "$CXX_FUZZ" >/dev/null; then

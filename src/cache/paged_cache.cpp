@@ -581,14 +581,7 @@ int PagedKvCache::sink_capacity(SeqId seq) const {
 
 bool PagedKvCache::token_slot(SeqId seq, int pos, int32_t* out) const {
   if (!has_sequence(seq) || pos < 0 || pos >= seq_len(seq)) return false;
-  const Sequence& s = seqs_[static_cast<size_t>(seq)];
-  const int bs = geom_.block_size;
-  if (pos < s.sink_capacity) {
-    *out = encode_sink_slot(s.sink_blocks[static_cast<size_t>(pos / bs)], pos % bs, bs);
-  } else {
-    const int u = pos - s.sink_capacity;
-    *out = encode_main_slot(s.blocks[static_cast<size_t>(u / bs)], u % bs, bs);
-  }
+  *out = slot_of(seq, pos);
   return true;
 }
 
@@ -599,6 +592,11 @@ int PagedKvCache::written(SeqId seq, int layer) const {
 
 const std::vector<int32_t>& PagedKvCache::block_table(SeqId seq) const {
   return has_sequence(seq) ? seqs_[static_cast<size_t>(seq)].blocks : empty_table();
+}
+
+int32_t PagedKvCache::slot_of(SeqId seq, int pos) const {
+  const auto& s = seqs_[static_cast<size_t>(seq)];
+  return position_slot(pos, s.sink_capacity, s.blocks.data(), s.sink_blocks.data(), geom_.block_size);
 }
 
 const std::vector<int32_t>& PagedKvCache::sink_table(SeqId seq) const {

@@ -125,7 +125,9 @@ Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& s
   for (size_t i = 0; i < specs.size(); ++i)
     if (Status st = make_lane(lanes[i], specs[i]); !st.is_ok()) lanes[i].error = st.message();
 
-  const int chunk = std::max(1, opts_.chunk_tokens);
+  // A chunk longer than the longest window is never filled: clamp it, so --chunk cannot size the
+  // logits buffers beyond what the text uses.
+  const int chunk = std::clamp(opts_.chunk_tokens, 1, std::max(1, max_len));
   const size_t slot_floats = static_cast<size_t>(chunk) * vocab_;
   std::vector<float> base_logits(slot_floats * inflight), spec_logits(base_logits.size());
   std::vector<std::vector<RowStats>> stats(static_cast<size_t>(inflight), std::vector<RowStats>(chunk));
@@ -308,7 +310,8 @@ Result<EvalReport> run_eval(const model::Model& model, const std::vector<int32_t
                             const std::vector<SpecRequest>& requests, const EvalOptions& opts,
                             const ProgressFn& progress) {
   if (requests.empty()) return invalid_argument("no cache spec to evaluate");
-  if (opts.chunk_tokens < 1) return invalid_argument("the chunk size must be at least 1 token");
+  if (opts.chunk_tokens < 1)
+    return invalid_argument("--chunk " + std::to_string(opts.chunk_tokens) + " is not valid; use 1 or more tokens");
   if (!(opts.gate_pct >= 0)) return invalid_argument("the gate must be a non-negative percentage");
   auto windows = eval_windows(model, text_ids, opts);
   if (!windows.is_ok()) return windows.status();

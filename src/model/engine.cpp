@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 
+#include "kvq/cache/layout.h"
+#include "kvq/common/hardware.h"
 #include "weights.h"
 
 namespace kvq::model {
@@ -63,6 +66,7 @@ struct Engine::Impl {
   float* f(const Buffer& b) const { return b.as<float>(); }
 
   Status init(const Model& m, const QuantSpec& s, backend::Backend& backend, const EngineOptions& o);
+  Status check_memory(const QuantSpec& s, int64_t pages, int64_t sink_pages, backend::BackendKind kind) const;
   Status plan_pieces(const std::vector<SeqStep>& steps, std::vector<int>& done, std::vector<Piece>& out) const;
   Status stage(const std::vector<Piece>& pieces, int num_decode);
   Result<cache::SeqId> admit(cache::SeqId donor, int n_tokens);  // add_sequence / add_sequence_sharing
@@ -87,6 +91,37 @@ Result<Buffer> alloc_i32(backend::Backend& be, size_t n) { return be.allocate(st
     dst = std::move(r_).value();           \
   } while (0)
 
+// The page pools and the per-step scratch against this machine's memory, before anything is
+// allocated, so that an oversized max_seqs, max_tokens or chunk is refused by name rather than by
+// std::bad_alloc or the OOM killer. The CPU backend only: a GPU backend's allocations fail with a
+// status of their own, and host memory says nothing about device memory.
+Status Engine::Impl::check_memory(const QuantSpec& s, int64_t pages, int64_t sink_pages,
+                                  backend::BackendKind kind) const {
+  const uint64_t mem = physical_memory_bytes();
+  if (kind != backend::BackendKind::kCpu || mem == 0) return Status::ok();
+  const double kv_heads_dims = double(cfg.n_layers) * cfg.n_kv_heads * cfg.head_dim;
+  const double kv = double(pages) * double(cache::bytes_per_page(s, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)) +
+                    double(sink_pages) * 2.0 * 2.0 * kv_heads_dims * s.block_size;  // K and V, bf16
+  const double qd = double(cfg.n_heads) * cfg.head_dim, kvd = double(cfg.n_kv_heads) * cfg.head_dim;
+  const double per_row = 4.0 * (3.0 * cfg.dim + 2 * qd + 2 * kvd + 2.0 * cfg.hidden_dim + cfg.vocab_size);
+  const double scratch = per_row * opts.max_step_tokens;
+  if (kv + scratch <= double(mem)) return Status::ok();
+  auto gib = [](double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f GiB", b / double(1ull << 30));
+    return std::string(buf);
+  };
+  const std::string have = "more than this machine's " + gib(double(mem)) + " of memory";
+  if (kv >= scratch)
+    return out_of_memory("the KV cache for " + std::to_string(opts.max_seqs) + " sequences of " +
+                         std::to_string(opts.max_tokens) + " tokens (" + std::to_string(pages) + " pages, " +
+                         std::to_string(sink_pages) + " sink pages) needs " + gib(kv) + ", " + have +
+                         "; run fewer sequences, a shorter context or a smaller page budget");
+  return out_of_memory("the scratch for " + std::to_string(opts.max_step_tokens) + " tokens per step (chunks of " +
+                       std::to_string(opts.chunk_tokens) + ", vocabulary " + std::to_string(cfg.vocab_size) +
+                       ") needs " + gib(scratch) + ", " + have + "; use a smaller chunk or step budget");
+}
+
 Status Engine::Impl::init(const Model& m, const QuantSpec& s, backend::Backend& backend, const EngineOptions& o) {
   model = &m;
   cfg = m.config();
@@ -99,8 +134,12 @@ Status Engine::Impl::init(const Model& m, const QuantSpec& s, backend::Backend& 
                             std::to_string(cfg.max_seq_len) + "] (the model's context length)");
   if (opts.max_seqs < 1 || opts.max_seqs > 65536) return invalid_argument("max_seqs must be in [1, 65536]");
   if (opts.chunk_tokens < 1 || opts.chunk_tokens > 65536) return invalid_argument("chunk_tokens must be in [1, 65536]");
+  // A chunk longer than a sequence is never filled, and a step never holds more rows than all
+  // sequences together: clamp both, so an oversized option cannot size the scratch below.
+  opts.chunk_tokens = std::min(opts.chunk_tokens, opts.max_tokens);
   if (opts.max_step_tokens == 0) opts.max_step_tokens = opts.chunk_tokens * std::min(opts.max_seqs, 8);
-  opts.max_step_tokens = std::max({opts.max_step_tokens, opts.chunk_tokens, opts.max_seqs});
+  opts.max_step_tokens = static_cast<int>(std::min<int64_t>(
+      std::max({opts.max_step_tokens, opts.chunk_tokens, opts.max_seqs}), int64_t{opts.max_seqs} * opts.max_tokens));
   wdtype = opts.weights == WeightsDType::kAuto
                ? (backend.kind() == backend::BackendKind::kCpu ? DType::kF32 : DType::kBf16)
                : (opts.weights == WeightsDType::kF32 ? DType::kF32 : DType::kBf16);
@@ -116,6 +155,7 @@ Status Engine::Impl::init(const Model& m, const QuantSpec& s, backend::Backend& 
                                 ? std::max<int64_t>(opts.num_sink_pages, sink_pages_per_seq)
                                 : int64_t{sink_pages_per_seq} * opts.max_seqs;
   if (want_pages > (1 << 30) || sink_pool > (1 << 30)) return invalid_argument("engine: too many pages requested");
+  KVQ_RETURN_IF_ERROR(check_memory(s, want_pages, sink_pool, backend.kind()));
   cache::CacheConfig cc;
   cc.num_layers = cfg.n_layers;
   cc.num_kv_heads = cfg.n_kv_heads;

@@ -11,7 +11,7 @@ using nlohmann::json;
 std::string ApiError::body() const {
   json e = {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
             {"code", code.empty() ? json(nullptr) : json(code)}};
-  return json{{"error", e}}.dump();
+  return dump_json(json{{"error", e}});
 }
 
 namespace {
@@ -179,6 +179,25 @@ bool parse_completion_request(const std::string& body, bool chat, CompletionRequ
   }
   return true;
 }
+
+bool request_prompt_ids(const CompletionRequest& req, const model::Tokenizer& tok, bool add_bos, int ctx,
+                        std::vector<int32_t>* ids, ApiError* err) {
+  if (req.chat) {
+    *ids = tok.encode(chat_prompt_text(tok, req.messages), add_bos);
+  } else if (req.has_prompt_ids) {
+    *ids = req.prompt_ids;
+  } else {
+    *ids = tok.encode(req.prompt, add_bos);
+  }
+  if (ids->empty() && tok.bos_id() >= 0) ids->push_back(tok.bos_id());
+  if (static_cast<int64_t>(ids->size()) >= ctx)
+    return fail(err, "the prompt has " + std::to_string(ids->size()) + " tokens; the context holds " +
+                         std::to_string(ctx) + " including the completion; shorten the prompt",
+                req.chat ? "messages" : "prompt", 400, "context_length_exceeded");
+  return true;
+}
+
+std::string dump_json(const nlohmann::json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 std::string chat_prompt_text(const model::Tokenizer& tok, const std::vector<ChatMessage>& messages) {
   const bool has_system = std::any_of(messages.begin(), messages.end(),

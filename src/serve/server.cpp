@@ -46,7 +46,7 @@ struct Channel {
   }
 };
 
-std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
+std::string sse(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
 
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.http_status;
@@ -119,21 +119,9 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
                                               model_id + "'; GET /v1/models lists it)",
                                      "model_not_found", "model"));
   const model::Tokenizer& tok = model().tokenizer();
-  const bool bos = model().config().add_bos;
   std::vector<int32_t> ids;
-  if (chat) {
-    ids = tok.encode(chat_prompt_text(tok, cr.messages), bos);
-  } else if (cr.has_prompt_ids) {
-    ids = cr.prompt_ids;
-  } else {
-    ids = tok.encode(cr.prompt, bos);
-  }
-  if (ids.empty() && tok.bos_id() >= 0) ids.push_back(tok.bos_id());
-  const int ctx = sched->engine().max_tokens();
-  if (static_cast<int>(ids.size()) >= ctx)
-    return send_error(res, api_error(400, "the prompt has " + std::to_string(ids.size()) + " tokens; the context holds " +
-                                              std::to_string(ctx) + " including the completion; shorten the prompt",
-                                     "context_length_exceeded", chat ? "messages" : "prompt"));
+  if (!request_prompt_ids(cr, tok, model().config().add_bos, sched->engine().max_tokens(), &ids, &err))
+    return send_error(res, err);
   if (!cr.max_tokens_given)
     cr.params.max_tokens = chat ? std::max(1, max_request_tokens() - static_cast<int>(ids.size())) : 16;
   if (Status v = sched->validate(ids, cr.params); !v.is_ok()) {
@@ -172,8 +160,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
         return send_error(res, api_error(503, "the request was cancelled (server shutting down)"));
       text.finish();
       const std::string reason = text.stopped() || last.finish == Finish::kStop ? "stop" : "length";
-      res.set_content(completion_response(chat, id, created, model_id, text.text(), reason,
-                                          static_cast<int>(ids.size()), completion).dump(),
+      res.set_content(dump_json(completion_response(chat, id, created, model_id, text.text(), reason,
+                                          static_cast<int>(ids.size()), completion)),
                       "application/json");
       return;
     }
@@ -282,7 +270,7 @@ void Server::Impl::install_routes() {
   http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json m = {{"id", model_id}, {"object", "model"}, {"created", 0}, {"owned_by", "kvq"},
               {"max_model_len", sched->engine().max_tokens()}};
-    res.set_content(json{{"object", "list"}, {"data", json::array({m})}}.dump(), "application/json");
+    res.set_content(dump_json(json{{"object", "list"}, {"data", json::array({m})}}), "application/json");
   });
   http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const bool ok = sched->accepting();
@@ -359,7 +347,9 @@ std::string Server::Impl::metrics_text() const {
 
 Result<std::unique_ptr<Server>> Server::create(Scheduler& sched, const ServerOptions& opts) {
   if (opts.http_threads < 1 || opts.http_threads > 4096) return invalid_argument("http_threads must be in [1, 4096]");
-  if (opts.max_body_bytes < 1024) return invalid_argument("the body limit must be at least 1024 bytes");
+  if (opts.max_body_bytes < 1024 || opts.max_body_bytes > (size_t{1} << 30))
+    return invalid_argument("the body limit must be in [1 KiB, 1 GiB] (got " + std::to_string(opts.max_body_bytes) +
+                            " bytes)");
   if (opts.port < 0 || opts.port > 65535) return invalid_argument("port must be in [0, 65535]");
   std::unique_ptr<Server> s(new Server());
   s->impl_ = std::make_unique<Impl>();

@@ -139,14 +139,7 @@ void run_case(const WriteCase& c) {
         vv[row + 5] = -INFINITY;
       }
       for (int t = 0; t < n; ++t) {
-        const int pos = pos0 + t;
-        const int cap = host.sink_capacity(s);
-        if (pos < cap) {
-          slots.push_back(kvq::cache::encode_sink_slot(host.sink_table(s)[pos / bs], pos % bs, bs));
-        } else {
-          const int u = pos - cap;
-          slots.push_back(kvq::cache::encode_main_slot(host.block_table(s)[u / bs], u % bs, bs));
-        }
+        slots.push_back(host.slot_of(s, pos0 + t));
       }
       k.insert(k.end(), kk.begin(), kk.end());
       v.insert(v.end(), vv.begin(), vv.end());

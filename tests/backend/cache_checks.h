@@ -241,20 +241,10 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
       ASSERT_EQ(book.block_table(id), ref.block_table(id));
       ASSERT_EQ(book.sink_table(id), ref.sink_table(id));
     }
-    // Slot mapping from the layout rule (layout.h): token t < sink capacity -> sink page
-    // sink_table[t / bs], slot t % bs; else u = t - capacity -> main page block_table[u / bs].
+    // The engine's slot mapping (the rule itself is checked in tests/cache/layout_test.cpp).
     std::vector<int32_t> slots;
-    for (const WriteSpan& s : spans) {
-      const int cap = book.sink_capacity(s.seq);
-      for (int t = s.pos0; t < s.pos0 + s.n; ++t) {
-        if (t < cap) {
-          slots.push_back(cache::encode_sink_slot(book.sink_table(s.seq)[size_t(t / bs)], t % bs, bs));
-        } else {
-          const int u = t - cap;
-          slots.push_back(cache::encode_main_slot(book.block_table(s.seq)[size_t(u / bs)], u % bs, bs));
-        }
-      }
-    }
+    for (const WriteSpan& s : spans)
+      for (int t = s.pos0; t < s.pos0 + s.n; ++t) slots.push_back(book.slot_of(s.seq, t));
     DevBuf dslots = dev_from(be, slots);
     for (int l = 0; l < g.num_layers; ++l) {
       const auto k = write_rows(rng, rows, g.num_kv_heads, g.head_dim);

@@ -85,20 +85,11 @@ cache::PagedKvCache::Planes write_through(Backend& be, const WriteCase& c) {
   auto step = [&](const std::vector<std::pair<cache::SeqId, int>>& parts) {
     std::vector<backend::WriteSpan> spans;
     std::vector<int32_t> slots;
-    const int bs = c.spec.block_size;
     for (auto [seq, n] : parts) {
       const int pos0 = book.value()->seq_len(seq);
       ASSERT_TRUE(book.value()->extend(seq, n).is_ok());
       spans.push_back({seq, pos0, n, static_cast<int>(slots.size())});
-      const int cap = book.value()->sink_capacity(seq);
-      for (int t = pos0; t < pos0 + n; ++t) {
-        if (t < cap) {
-          slots.push_back(cache::encode_sink_slot(book.value()->sink_table(seq)[t / bs], t % bs, bs));
-        } else {
-          const int u = t - cap;
-          slots.push_back(cache::encode_main_slot(book.value()->block_table(seq)[u / bs], u % bs, bs));
-        }
-      }
+      for (int t = pos0; t < pos0 + n; ++t) slots.push_back(book.value()->slot_of(seq, t));
     }
     const int rows = static_cast<int>(slots.size());
     std::vector<float> k(size_t(rows) * kvd), v(k.size());

@@ -3,7 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
 
 #include "kvq/cache/aligned.h"
 
@@ -110,6 +114,31 @@ TEST(AlignedVector, StartsOn128Bytes) {
     EXPECT_EQ(reinterpret_cast<uintptr_t>(c.data()) % 128, 0u);
     a.resize(n * 3);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(a.data()) % 128, 0u);
+  }
+}
+
+// position_slot against the slots laid out one by one: the sink pages in table order, every slot
+// of each, then the main pages; shuffled page ids, every sink capacity up to three pages.
+TEST(PositionSlot, WalksSinkPagesThenMainPages) {
+  std::mt19937 rng(11);
+  for (int bs : {16, 32}) {
+    for (int cap = 0; cap <= 3 * bs; cap += 7) {
+      std::vector<int32_t> ids(64);
+      std::iota(ids.begin(), ids.end(), 0);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      const int sink_pages = (cap + bs - 1) / bs;
+      const std::vector<int32_t> sinks(ids.begin(), ids.begin() + sink_pages), mains(ids.begin() + 32, ids.end());
+      std::vector<int32_t> want;
+      for (int32_t p : sinks)
+        for (int k = 0; k < bs && static_cast<int>(want.size()) < cap; ++k) want.push_back(-(p * bs + k) - 1);
+      for (int32_t p : mains)
+        for (int k = 0; k < bs; ++k) want.push_back(p * bs + k);
+      for (int pos = 0; pos < static_cast<int>(want.size()); ++pos) {
+        const int32_t got = position_slot(pos, cap, mains.data(), sinks.data(), bs);
+        ASSERT_EQ(got, want[static_cast<size_t>(pos)]) << "bs " << bs << " cap " << cap << " pos " << pos;
+        EXPECT_EQ(slot_is_sink(got), pos < cap);
+      }
+    }
   }
 }
 

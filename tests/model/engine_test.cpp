@@ -467,6 +467,38 @@ TEST_P(EngineTest, BadRequestsAreRefusedAndEngineStaysUsable) {
   EXPECT_EQ(e->position(again.value()), 0);
 }
 
+// Sizes from flags (issue 11): a chunk longer than the context is clamped to it (it could never be
+// filled, and it sizes the scratch), and on the CPU a pool larger than this machine's memory is
+// refused before anything is allocated, with the sizes named (never std::bad_alloc).
+TEST_P(EngineTest, OversizedSizesAreClampedOrRefusedUpFront) {
+  const QuantSpec spec = spec_of(Format::kInt8, 16);
+  EngineOptions o;
+  o.max_seqs = 2, o.max_tokens = 64, o.chunk_tokens = 65536;
+  auto e = engine(spec, o);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->options().chunk_tokens, 64);
+  EXPECT_LE(e->options().max_step_tokens, 2 * 64);
+  const SeqId s0 = e->add_sequence().value();
+  std::vector<float> got(size_t(vocab()) * 64);
+  ASSERT_TRUE(e->forward({SeqStep{s0, ids_->data(), 64, LogitsMode::kAll, got.data()}}).is_ok());
+  auto r = reference(spec, 64);
+  ASSERT_TRUE(r);
+  std::vector<float> want(got.size());
+  ASSERT_TRUE(r->forward(ids_->data(), 64, want.data()).is_ok());
+  Agreement a;
+  a.add(got.data(), want.data(), 64, vocab());
+  EXPECT_TRUE(a.within(budget()));
+
+  if (!is_cpu()) GTEST_SKIP() << "the up-front memory check is the CPU backend's";
+  EngineOptions big;
+  big.max_seqs = 1, big.max_tokens = 64, big.num_pages = (1 << 30) - 1;  // ~8 TB of int8 pages
+  auto refused = Engine::create(*model_, spec, *be_, big);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kOutOfMemory);
+  for (const char* words : {"1073741823 pages", "GiB", "more than this machine"})
+    EXPECT_NE(refused.status().message().find(words), std::string::npos) << refused.status().to_string();
+}
+
 // A pool too small for the request fails mid-step with kOutOfMemory: the sequences of that call
 // are marked broken (documented), the others are untouched, and freeing the broken one recovers.
 TEST_P(EngineTest, PoolExhaustionBreaksOnlyThatCall) {

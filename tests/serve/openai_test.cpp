@@ -79,6 +79,43 @@ TEST(OpenAi, TextStreamHoldsBackStopPrefixesAndCutsAtStop) {
   EXPECT_EQ(streamed, full.substr(0, full.find("cat was")));
 }
 
+// What the server builds from a parsed request (pinned here, fuzzed by fuzz/serve_request.cpp): an
+// empty text becomes BOS, a prompt that fills the context is refused with OpenAI's code, and bytes
+// of generated text that are not UTF-8 reach the client as U+FFFD; json::dump() would throw on
+// them, and the server answered such a completion with a 500.
+TEST(OpenAi, PromptIdsAndBodiesWithInvalidUtf8) {
+  const model::Tokenizer& tok = stories().tokenizer();
+  CompletionRequest r;
+  ApiError e;
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(parse_completion_request(R"({"prompt":""})", false, &r, &e));
+  ASSERT_TRUE(request_prompt_ids(r, tok, true, 512, &ids, &e));
+  EXPECT_EQ(ids, std::vector<int32_t>{tok.bos_id()});
+  ASSERT_TRUE(parse_completion_request(R"({"prompt":[5,6,7,8]})", false, &r, &e));
+  ASSERT_TRUE(request_prompt_ids(r, tok, true, 5, &ids, &e));
+  EXPECT_EQ(ids, (std::vector<int32_t>{5, 6, 7, 8}));
+  EXPECT_FALSE(request_prompt_ids(r, tok, true, 4, &ids, &e));
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.code, "context_length_exceeded");
+  EXPECT_EQ(e.param, "prompt");
+  ASSERT_TRUE(parse_completion_request(R"({"messages":[{"role":"system","content":"A"},{"role":"user","content":"B"}]})",
+                                       true, &r, &e));
+  ASSERT_TRUE(request_prompt_ids(r, tok, true, 512, &ids, &e));
+  EXPECT_EQ(ids, tok.encode("A\nB", true));
+
+  const std::string bad = "ok \xff\xfe end";
+  EXPECT_THROW((void)nlohmann::json(bad).dump(), nlohmann::json::type_error);
+  for (const nlohmann::json& body : {completion_response(false, "cmpl-1", 0, "m", bad, "stop", 1, 2),
+                                     stream_chunk(true, "chatcmpl-1", 0, "m", bad, "")}) {
+    const nlohmann::json back = nlohmann::json::parse(dump_json(body));
+    const std::string text = back["choices"][0].contains("text") ? back["choices"][0]["text"].get<std::string>()
+                                                                 : back["choices"][0]["delta"]["content"].get<std::string>();
+    EXPECT_EQ(text.substr(0, 3), "ok ");
+    EXPECT_NE(text.find("\xEF\xBF\xBD"), std::string::npos) << text;
+    EXPECT_EQ(text.substr(text.size() - 4), " end");
+  }
+}
+
 TEST(OpenAi, PercentilesAndSlaVerdict) {
   const Percentiles p = percentiles({5, 1, 4, 2, 3, 6, 7, 8, 9, 10});
   EXPECT_EQ(p.p50, 5);

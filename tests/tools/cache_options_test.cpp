@@ -436,5 +436,53 @@ TEST(CliSupport, EveryNumericOptionRefusesAnEmptyValue) {
   EXPECT_FLOAT_EQ(temp, 1e-3f);
 }
 
+// open_model_run, the sequence eval, generate and serve share: --backend first, then the
+// command's own flag checks (given the backend kind), and only then the model is looked up, the
+// backend created and the model loaded; each refusal names its flag.
+TEST(CacheOptions, OpenModelRunChecksFlagsBeforeLoading) {
+  using backend::BackendKind;
+  ModelRunFlags f;
+  f.backend = "cpu";
+  f.model = "/nonexistent/kvq/model.bin";
+  int calls = 0;
+  BackendKind seen = BackendKind::kCuda;
+  auto refused = open_model_run(f, [&](BackendKind k) {
+    ++calls, seen = k;
+    return invalid_argument("--json: cannot write");
+  });
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(seen, BackendKind::kCpu);
+  EXPECT_EQ(refused.status().message(), "--json: cannot write");
+
+  auto missing = open_model_run(f, nullptr);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().message().rfind("--model: ", 0), 0u) << missing.status().to_string();
+  EXPECT_NE(missing.status().message().find(f.model), std::string::npos);
+
+  f.backend = "tpu";
+  calls = 0;
+  auto bad_backend = open_model_run(f, [&](BackendKind) { return ++calls, Status::ok(); });
+  ASSERT_FALSE(bad_backend.is_ok());
+  EXPECT_EQ(calls, 0);
+  EXPECT_NE(bad_backend.status().message().find("tpu"), std::string::npos) << bad_backend.status().to_string();
+
+  f.backend = "cpu";
+  f.model = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/stories260K.bin";
+  auto ok = open_model_run(f, [](BackendKind) { return Status::ok(); });
+  if (!ok.is_ok() && ok.status().code() == StatusCode::kNotFound) GTEST_SKIP() << "stories260K not found beside the repo";
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(ok.value().kind, BackendKind::kCpu);
+  ASSERT_TRUE(ok.value().backend && ok.value().model);
+  EXPECT_EQ(ok.value().model_path, f.model);
+  EXPECT_EQ(ok.value().model->config().vocab_size, 512);
+  // `auto` in the cache flags follows the backend the model runs on.
+  CacheCliOptions c;
+  c.kv_cache_dtype = "auto";
+  auto spec = to_quant_spec(c, ok.value().kind);
+  ASSERT_TRUE(spec.is_ok());
+  EXPECT_EQ(spec.value().format, backend::auto_cache_format(BackendKind::kCpu));
+}
+
 }  // namespace
 }  // namespace kvq::tools

@@ -136,6 +136,40 @@ TEST_F(CliRefusal, UnwritableOutputIsRefusedBeforeTheRun) {
   expect_refusal(d, {"--dump-logits", "directory"});
 }
 
+// Sizes taken from flags are bounded by the model and the input: clamped where a larger value could
+// only waste memory (a chunk past the window, a sink past the context, a capacity past the
+// model's), refused in one line naming the flag and the limit where the run cannot do what was
+// asked. Each refusal comes before the server listens (else the test would time out).
+TEST_F(CliRefusal, SizeFlagsAreBoundedByTheModelAndTheInput) {
+  const std::string text = " --text '" + kShared + "tinystories_valid_head.txt'";
+  const std::string eval = "eval --model stories260K --quiet --kv-cache-dtype int8 --ctx 64 --max-windows 1" + text;
+  for (const char* clamped : {" --chunk 1000000000", " --kv-sink-tokens 16777216", " --chunk 100000 --max-tokens 9000000000000000000"}) {
+    CliRun r = kvq(eval + clamped);
+    EXPECT_EQ(r.code, 0) << clamped << ": " << r.err;
+    EXPECT_LT(r.seconds, 60.0) << clamped;
+  }
+  expect_refusal(kvq(eval + " --chunk 0"), {"--chunk 0"});
+  expect_refusal(kvq("eval --model stories260K --quiet --ctx 100000" + text), {"--ctx 100000", "512"});
+
+  // -n near INT_MAX: the capacity is the model's context, not a wrapped-around negative number.
+  CliRun g = kvq("generate --model stories260K -p 'Once' -n 2147483647 --temperature 0");
+  EXPECT_EQ(g.code, 0) << g.err;
+  EXPECT_FALSE(std::regex_search(g.err, std::regex(" -[0-9]{3,}"))) << g.err;
+  EXPECT_EQ(kvq("generate --model stories260K -p 'Once' -n 4 --max-tokens 100000").code, 0);
+  expect_refusal(kvq("generate --model stories260K -p 'Once upon a time' -n 4 --max-tokens 2"), {"--max-tokens 2", "prompt"});
+  expect_refusal(kvq("generate --model stories260K -n 4 --max-tokens -5"), {"--max-tokens -5"});
+
+  const std::string serve = "serve --model stories260K --backend cpu --port 0";
+  expect_refusal(kvq(serve + " --max-model-len 100000"), {"--max-model-len 100000", "512"});
+  expect_refusal(kvq(serve + " --max-body-mib 1e30"), {"--max-body-mib"});
+  expect_refusal(kvq(serve + " --kv-cache-memory nan"), {"--kv-cache-memory"});
+  expect_refusal(kvq(serve + " --max-num-batched-tokens -1"), {"--max-num-batched-tokens -1"});
+  // 1 PiB of pages for a 260K-parameter model: refused from the machine's memory, by name.
+  expect_refusal(kvq(serve + " --kv-cache-memory 1048576"), {"--kv-cache-memory"});
+  // 4 TiB: few enough pages to plan, more than this machine's memory (of any machine CI runs on).
+  expect_refusal(kvq(serve + " --kv-cache-memory 4096"), {"--kv-cache-memory", "more than this machine"});
+}
+
 TEST_F(CliRefusal, JsonReportIsWrittenWhole) {
   const std::string out = tmp_path("report.json");
   write_bytes(out, "stale");

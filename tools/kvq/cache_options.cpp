@@ -1,6 +1,7 @@
 #include "kvq/cache_options.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 
 #include "kvq/cli_support.h"
@@ -165,6 +166,35 @@ Result<QuantSpec> to_quant_spec(const CacheCliOptions& o, Format auto_format) {
   qo.block_size = r.spec.block_size;
   qo.sink_tokens = r.spec.sink_tokens;
   return parse_quant_spec(qo, auto_format);
+}
+
+Result<QuantSpec> to_quant_spec(const CacheCliOptions& o, backend::BackendKind kind) {
+  return to_quant_spec(o, backend::auto_cache_format(kind));
+}
+
+Result<ModelRun> open_model_run(const ModelRunFlags& flags,
+                                const std::function<Status(backend::BackendKind)>& check_flags) {
+  auto named = [](const std::string& flag, const Status& s) { return Status(s.code(), flag + ": " + s.message()); };
+  ModelRun run;
+  auto kind = backend::resolve_backend(flags.backend);
+  if (!kind.is_ok()) return kind.status();  // names --backend itself
+  run.kind = kind.value();
+  if (check_flags)
+    if (Status st = check_flags(run.kind); !st.is_ok()) return st;
+  auto path = model::resolve_model_path(flags.model);
+  if (!path.is_ok()) return named("--model", path.status());
+  run.model_path = path.value();
+  const auto t0 = std::chrono::steady_clock::now();
+  backend::BackendOptions bo;
+  bo.cpu_threads = flags.cpu_threads;
+  auto be = backend::create_backend(run.kind, bo);
+  if (!be.is_ok()) return named("--backend " + flags.backend, be.status());
+  run.backend = std::move(be).value();
+  auto m = model::Model::load(run.model_path, flags.tokenizer);
+  if (!m.is_ok()) return Status(m.status().code(), "loading " + run.model_path + ": " + m.status().message());
+  run.model = std::move(m).value();
+  run.load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return run;
 }
 
 Result<CacheGrid> to_cache_grid(const CacheCliOptions& o, CacheCommand cmd) {

@@ -15,11 +15,15 @@
 // --kv-block-size; report's --sink) stay as hidden aliases that print a one-line deprecation
 // notice on stderr.
 #include <CLI/CLI.hpp>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "kvq/backend/backend.h"
 #include "kvq/common/status.h"
 #include "kvq/eval/specs.h"
+#include "kvq/model/model.h"
 #include "kvq/quant/spec.h"
 
 namespace kvq::tools {
@@ -64,6 +68,28 @@ void add_cache_options(CLI::App* app, CacheCliOptions& o, CacheCommand cmd);
 // One spec (generate, serve). `auto` resolves to `auto_format`, what this machine prefers. A list, or a
 // granularity list that expands a quantized dtype to several specs, is refused.
 Result<QuantSpec> to_quant_spec(const CacheCliOptions& o, Format auto_format);
+
+// What a command that runs a model builds from its flags, in the order every such command follows:
+// --backend resolved, the command's own checks of the flags (which may need the backend kind: the
+// cache spec, output files) before anything is created, then the backend and the model.
+struct ModelRun {
+  backend::BackendKind kind = backend::BackendKind::kCpu;
+  std::unique_ptr<backend::Backend> backend;
+  std::string model_path;  // --model resolved (aliases, the cached download)
+  std::unique_ptr<model::Model> model;
+  double load_seconds = 0;  // backend creation and model load
+};
+struct ModelRunFlags {
+  std::string backend = "auto", model, tokenizer;
+  int cpu_threads = 0;  // BLAS threads (0: the BLAS default)
+};
+// A refusal names the flag it comes from ("--backend: ...", "--model: ...").
+Result<ModelRun> open_model_run(const ModelRunFlags& flags,
+                                const std::function<Status(backend::BackendKind)>& check_flags);
+
+// One spec for a model running on `kind` (generate, serve): to_quant_spec with `auto` resolved to
+// what that backend prefers, checked inside open_model_run's `check_flags`.
+Result<QuantSpec> to_quant_spec(const CacheCliOptions& o, backend::BackendKind kind);
 
 // The specs one eval compares (eval::parse_spec_list: per-entry options after colons, auto runs
 // its fallback chain starting at `auto_first`).

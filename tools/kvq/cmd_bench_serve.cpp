@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvq/command.h"
+#include "kvq/common/file_io.h"
 #include "kvq/eval/text.h"
 #include "kvq/model/model.h"
 #include "kvq/serve/loadgen.h"
@@ -45,9 +46,7 @@ std::string default_dir() {
 }
 
 bool write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  f << text;
-  return static_cast<bool>(f);
+  return write_file_atomic(path, text, "result file").is_ok();
 }
 
 int run_compare(const BenchServeCli& o) {

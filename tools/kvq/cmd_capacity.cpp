@@ -2,13 +2,13 @@
 // the design's 27B-class model at 32k tokens), against bf16, and how many such sequences a KV
 // budget holds.
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "kvq/command.h"
+#include "kvq/common/file_io.h"
 #include "kvq/model/model.h"
 #include "kvq/serve/capacity.h"
 
@@ -74,7 +74,8 @@ int run_capacity(const CapacityCli& o) {
   if (rows.value().size() > 1)
     std::printf("\nThe design expects ~6 GB saved at 32k tokens for this model class; the table's 'saved' column is "
                 "the measured-from-geometry figure.\n");
-  if (!o.md_out.empty()) std::ofstream(o.md_out) << md;
+  if (!o.md_out.empty())
+    if (Status st = write_file_atomic(o.md_out, md, "--md output"); !st.is_ok()) return fail(st);
   if (!o.json_out.empty()) {
     nlohmann::json j = {{"model", g.name}, {"layers", g.num_layers}, {"kv_heads", g.num_kv_heads},
                         {"head_dim", g.head_dim}, {"q_heads", g.num_q_heads}, {"tokens", o.tokens},
@@ -84,9 +85,7 @@ int run_capacity(const CapacityCli& o) {
                            {"total_bytes", r.seq.total()}, {"bytes_per_token", r.bytes_per_token},
                            {"saved_vs_baseline_bytes", r.saved_vs_baseline}, {"ratio_vs_baseline", r.ratio_vs_baseline},
                            {"seqs_in_budget", r.seqs_in_budget}, {"seqs_vs_baseline", r.seqs_vs_baseline}});
-    std::ofstream f(o.json_out);
-    f << j.dump(2) << "\n";
-    if (!f) return fail(invalid_argument("cannot write " + o.json_out));
+    if (Status st = write_file_atomic(o.json_out, j.dump(2) + "\n", "--json output"); !st.is_ok()) return fail(st);
   }
   return 0;
 }

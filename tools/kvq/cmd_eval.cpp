@@ -112,23 +112,21 @@ int run_eval_cmd(const EvalCli& o) {
   if (!auto_first.is_ok()) return fail("--auto-start", auto_first.status());
   auto specs = to_spec_requests(o.cache, auto_first.value());
   if (!specs.is_ok()) return fail("", specs.status());
-  auto kind = backend::resolve_backend(o.cache.backend);
-  if (!kind.is_ok()) return fail("--backend", kind.status());
   // Outputs are checked before the long run, and written atomically after it.
-  if (!o.json_out.empty())
-    if (Status st = check_writable(o.json_out, "--json output"); !st.is_ok()) return fail("--json", st);
-  if (!o.dump_logits.empty())
-    if (Status st = check_writable(o.dump_logits, "logits dump"); !st.is_ok()) return fail("--dump-logits", st);
-  auto path = model::resolve_model_path(o.model);
-  if (!path.is_ok()) return fail("--model", path.status());
-  auto t0 = std::chrono::steady_clock::now();
-  backend::BackendOptions bo;
-  bo.cpu_threads = 0;
-  auto be = backend::create_backend(kind.value(), bo);
-  if (!be.is_ok()) return fail("--backend " + o.cache.backend, be.status());
-  auto model = model::Model::load(path.value(), o.tokenizer);
-  if (!model.is_ok()) return fail("loading " + path.value(), model.status());
-  const model::Model& m = *model.value();
+  auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, 0}, [&](backend::BackendKind) {
+    if (!o.json_out.empty())
+      if (Status st = check_writable(o.json_out, "--json output"); !st.is_ok())
+        return Status(st.code(), "--json: " + st.message());
+    if (!o.dump_logits.empty())
+      if (Status st = check_writable(o.dump_logits, "logits dump"); !st.is_ok())
+        return Status(st.code(), "--dump-logits: " + st.message());
+    return Status::ok();
+  });
+  if (!run.is_ok()) return fail("", run.status());
+  const backend::BackendKind kind = run.value().kind;
+  const std::string& model_path = run.value().model_path;
+  const model::Model& m = *run.value().model;
+  backend::Backend* be = run.value().backend.get();
 
   // Only the start of a long text file is read: what the window budget can use (whole when 0).
   const int64_t budget = o.max_tokens > 0 ? std::max<int64_t>(o.max_tokens, o.ctx > 0 ? o.ctx : 2048) : 0;
@@ -145,10 +143,10 @@ int run_eval_cmd(const EvalCli& o) {
   eo.gate_pct = gate.value();
   eo.threads = o.threads;
   eo.bos = o.bos == "auto" ? -1 : o.bos == "on" ? 1 : 0;
-  eo.backend = be.value().get();
+  eo.backend = be;
   // A GPU step over one 128-token chunk leaves the card mostly idle: keep several windows in flight.
   eo.windows_in_flight = o.windows_in_flight > 0 ? o.windows_in_flight
-                         : kind.value() == backend::BackendKind::kCuda ? 4 : 1;
+                         : kind == backend::BackendKind::kCuda ? 4 : 1;
   // fp32 weights by default on every backend: the eval measures what the *cache* costs, and bf16
   // weights would add an error of their own (on SmolLM2 they move the CUDA perplexity by +0.06% and
   // CPU/CUDA top-1 agreement from 99.76% to 99.32%; bench/results/2026-11-30-h200-engine.md).
@@ -156,11 +154,11 @@ int run_eval_cmd(const EvalCli& o) {
                       : o.weights == "bf16" ? model::WeightsDType::kBf16
                                             : model::WeightsDType::kAuto;
 
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double load_s = run.value().load_seconds;
   std::printf("model  %s (%s; %d layers, %d kv heads x %d, vocab %d), loaded in %.1f s\n",
-              m.config().name.c_str(), path.value().c_str(), m.config().n_layers, m.config().n_kv_heads,
+              m.config().name.c_str(), model_path.c_str(), m.config().n_layers, m.config().n_kv_heads,
               m.config().head_dim, m.config().vocab_size, load_s);
-  std::printf("engine %s\n", be.value()->describe().c_str());
+  std::printf("engine %s\n", be->describe().c_str());
   std::printf("text   %s: %zu bytes, %zu tokens\n", text.value().source.c_str(), text.value().text.size(),
               ids.size());
 
@@ -203,7 +201,7 @@ int run_eval_cmd(const EvalCli& o) {
   }
   if (!o.json_out.empty()) {
     eval::ReportContext ctx;
-    ctx.model_path = path.value();
+    ctx.model_path = model_path;
     ctx.text_source = text.value().source;
     ctx.text_bytes = text.value().text.size();
     ctx.text_hash = eval::fnv1a64(text.value().text);

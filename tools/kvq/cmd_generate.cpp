@@ -1,14 +1,14 @@
 // `kvq generate`: runs a model on the CPU engine with the chosen KV cache format and streams the
 // generated text; timing and cache memory go to stderr.
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 
-#include "kvq/backend/backend.h"
 #include "kvq/cache_options.h"
 #include "kvq/cli_support.h"
 #include "kvq/command.h"
-#include "kvq/format/auto_format.h"
 #include "kvq/model/model.h"
 
 namespace kvq::tools {
@@ -40,25 +40,19 @@ int run_generate(const GenerateOptions& o) {
   // Everything the flags decide is checked before the model loads.
   Status sampling = check_sampling(o.temperature, o.top_p, o.max_new);
   if (!sampling.is_ok()) return fail(sampling);
-  auto kind = backend::resolve_backend(o.cache.backend);
-  if (!kind.is_ok()) return fail(kind.status());
-  // `auto` is what the backend the model runs on prefers (fp8 on sm_89+ GPUs, int8 on CPUs).
-  auto spec = to_quant_spec(o.cache, backend::auto_cache_format(kind.value()));
-  if (!spec.is_ok()) return fail(spec.status());
-  backend::BackendOptions bo;
-  bo.cpu_threads = o.threads;
-  auto be = backend::create_backend(kind.value(), bo);
-  if (!be.is_ok()) return fail(be.status());
-  auto path = model::resolve_model_path(o.model);
-  if (!path.is_ok()) return fail(path.status());
-
-  auto t0 = Clock::now();
-  auto m = model::Model::load(path.value(), o.tokenizer);
-  if (!m.is_ok()) return fail(m.status());
-  const model::Model& mod = *m.value();
+  if (o.max_tokens < 0)
+    return fail(invalid_argument("--max-tokens " + std::to_string(o.max_tokens) +
+                                 " is not valid; use 0 (the prompt plus -n) or a capacity in tokens"));
+  Result<QuantSpec> spec = invalid_argument("no spec");
+  auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, o.threads}, [&](backend::BackendKind kind) {
+    // `auto` is what the backend the model runs on prefers (fp8 on sm_89+ GPUs, int8 on CPUs).
+    spec = to_quant_spec(o.cache, kind);
+    return spec.status();
+  });
+  if (!run.is_ok()) return fail(run.status());
+  const model::Model& mod = *run.value().model;
+  const backend::Backend& be = *run.value().backend;
   const model::ModelConfig& c = mod.config();
-  std::fprintf(stderr, "model %s: %d layers, dim %d, %d/%d heads of %d, vocab %d (loaded in %.2f s)\n", c.name.c_str(),
-               c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, seconds_since(t0));
 
   const model::Tokenizer& tok = mod.tokenizer();
   std::string text = o.chat ? tok.chat_prompt(o.prompt) : o.prompt;
@@ -67,11 +61,25 @@ int run_generate(const GenerateOptions& o) {
   if (prompt.empty() && tok.bos_id() >= 0) prompt.push_back(tok.bos_id());
   if (prompt.empty()) return fail(invalid_argument("the prompt is empty and the model has no BOS token"));
 
-  int max_tokens = o.max_tokens > 0 ? o.max_tokens : static_cast<int>(prompt.size()) + o.max_new;
-  max_tokens = std::min(max_tokens, c.max_seq_len);
-  auto runner = model::Runner::create(mod, spec.value(), max_tokens, be.value().get());
+  // The cache holds the prompt and the tokens to generate, never more than the model's context
+  // (generation stops when it is full); summed in 64 bits, so a huge -n cannot wrap around.
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  if (prompt_len >= c.max_seq_len)
+    return fail(invalid_argument("the prompt has " + std::to_string(prompt_len) + " tokens; the model's context of " +
+                                 std::to_string(c.max_seq_len) + " leaves no room to generate"));
+  if (o.max_tokens > 0 && o.max_tokens <= prompt_len)
+    return fail(invalid_argument("--max-tokens " + std::to_string(o.max_tokens) + " leaves no room after the " +
+                                 std::to_string(prompt_len) + "-token prompt; use at least " +
+                                 std::to_string(prompt_len + 1) + " (the model's context is " +
+                                 std::to_string(c.max_seq_len) + ")"));
+  const int64_t wanted = o.max_tokens > 0 ? o.max_tokens : prompt_len + o.max_new;
+  const int max_tokens = static_cast<int>(std::min<int64_t>(wanted, c.max_seq_len));
+  // After the checks above, so that a refusal stays the one line on stderr.
+  std::fprintf(stderr, "model %s: %d layers, dim %d, %d/%d heads of %d, vocab %d (loaded in %.2f s)\n", c.name.c_str(),
+               c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, run.value().load_seconds);
+  auto runner = model::Runner::create(mod, spec.value(), max_tokens, run.value().backend.get());
   if (!runner.is_ok()) return fail(runner.status());
-  std::fprintf(stderr, "engine %s; kv cache %s, prompt %zu tokens\n", be.value()->describe().c_str(),
+  std::fprintf(stderr, "engine %s; kv cache %s, prompt %zu tokens\n", be.describe().c_str(),
                spec.value().to_string().c_str(), prompt.size());
 
   model::SamplingOptions so;

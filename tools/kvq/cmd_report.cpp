@@ -1,13 +1,13 @@
 // `kvq report`: the synthetic accuracy/memory table of every format x scale granularity
 // (kvq/eval/synthetic_report.h). Needs no model; runs in seconds.
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 
 #include "kvq/cache_options.h"
 #include "kvq/cli_support.h"
 #include "kvq/command.h"
+#include "kvq/common/file_io.h"
 #include "kvq/eval/synthetic_report.h"
 
 namespace kvq::tools {
@@ -33,6 +33,11 @@ int run_report(ReportCli cli) {
                  geometry.value().sink_tokens, kMaxReportSink);
     return 2;
   }
+  if (!cli.json_out.empty())
+    if (Status st = check_writable(cli.json_out, "--json output"); !st.is_ok()) {
+      std::fprintf(stderr, "kvq report: --json: %s\n", st.message().c_str());
+      return 2;
+    }
   cli.opts.block_size = geometry.value().block_size;
   cli.opts.sink_tokens = geometry.value().sink_tokens;
   auto r = eval::run_synthetic_report(cli.opts);
@@ -41,14 +46,12 @@ int run_report(ReportCli cli) {
     return 1;
   }
   std::fputs(eval::format_synthetic_report(r.value()).c_str(), stdout);
-  if (!cli.json_out.empty()) {
-    std::ofstream f(cli.json_out);
-    f << eval::synthetic_report_json(r.value());
-    if (!f) {
-      std::fprintf(stderr, "kvq report: cannot write %s\n", cli.json_out.c_str());
+  if (!cli.json_out.empty())
+    if (Status st = write_file_atomic(cli.json_out, eval::synthetic_report_json(r.value()), "--json output");
+        !st.is_ok()) {
+      std::fprintf(stderr, "kvq report: --json: %s\n", st.message().c_str());
       return 1;
     }
-  }
   return 0;
 }
 

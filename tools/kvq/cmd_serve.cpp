@@ -52,20 +52,43 @@ int fail(const Status& s) {
   return per_layer * c.n_layers + double(c.vocab_size) * c.dim * (c.tied_embeddings ? 1 : 2) + c.dim;
 }
 
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// Sizes checked before anything loads; those that need the model are checked once it is loaded.
+Status check_sizes(const ServeCli& o) {
+  if (!(o.max_body_mib > 0 && o.max_body_mib <= 1024))
+    return invalid_argument("--max-body-mib " + num(o.max_body_mib) + " is not valid; use (0, 1024] MiB");
+  if (!(o.kv_gib >= 0 && o.kv_gib <= double(1 << 20)))
+    return invalid_argument("--kv-cache-memory " + num(o.kv_gib) + " is not valid; use 0 (room for "
+                            "--max-num-seqs full sequences) or a budget in GiB");
+  if (o.max_model_len < 0)
+    return invalid_argument("--max-model-len " + std::to_string(o.max_model_len) +
+                            " is not valid; use 0 (the model's context) or a length in tokens");
+  if (o.max_batched_tokens < 0)
+    return invalid_argument("--max-num-batched-tokens " + std::to_string(o.max_batched_tokens) +
+                            " is not valid; use 0 (two prefill chunks) or a token budget");
+  return Status::ok();
+}
+
 int run_serve(const ServeCli& o) {
-  auto kind = backend::resolve_backend(o.cache.backend);
-  if (!kind.is_ok()) return fail(kind.status());
-  auto spec = to_quant_spec(o.cache, backend::auto_cache_format(kind.value()));
-  if (!spec.is_ok()) return fail(spec.status());
-  backend::BackendOptions bo;
-  bo.cpu_threads = o.threads;
-  auto be = backend::create_backend(kind.value(), bo);
-  if (!be.is_ok()) return fail(be.status());
-  auto path = model::resolve_model_path(o.model);
-  if (!path.is_ok()) return fail(path.status());
-  auto m = model::Model::load(path.value(), o.tokenizer);
-  if (!m.is_ok()) return fail(m.status());
-  const model::ModelConfig& c = m.value()->config();
+  if (Status st = check_sizes(o); !st.is_ok()) return fail(st);
+  Result<QuantSpec> spec = invalid_argument("no spec");
+  auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, o.threads}, [&](backend::BackendKind kind) {
+    spec = to_quant_spec(o.cache, kind);
+    return spec.status();
+  });
+  if (!run.is_ok()) return fail(run.status());
+  [[maybe_unused]] const backend::BackendKind kind = run.value().kind;  // cuda builds: --gpu-memory-utilization
+  const model::Model& mod = *run.value().model;
+  backend::Backend& be = *run.value().backend;
+  const model::ModelConfig& c = mod.config();
+  if (o.max_model_len > c.max_seq_len)
+    return fail(invalid_argument("--max-model-len " + std::to_string(o.max_model_len) + " exceeds the context of " +
+                                 c.name + " (" + std::to_string(c.max_seq_len) + " tokens)"));
 
   model::EngineOptions eo;
   eo.max_seqs = o.max_seqs;
@@ -77,7 +100,7 @@ int run_serve(const ServeCli& o) {
   if (o.gpu_util > 0) {
     if (o.kv_gib > 0) return fail(invalid_argument("give --kv-cache-memory or --gpu-memory-utilization, not both"));
 #ifdef KVQ_HAVE_CUDA
-    if (kind.value() != backend::BackendKind::kCuda)
+    if (kind != backend::BackendKind::kCuda)
       return fail(invalid_argument("--gpu-memory-utilization needs --backend cuda; use --kv-cache-memory GiB on the cpu"));
     auto dev = cuda_device_info();
     if (!dev.is_ok()) return fail(dev.status());
@@ -96,8 +119,13 @@ int run_serve(const ServeCli& o) {
     eo.num_pages = pools.value().num_pages;
     eo.num_sink_pages = pools.value().num_sink_pages;
   }
-  auto engine = model::Engine::create(*m.value(), spec.value(), *be.value(), eo);
-  if (!engine.is_ok()) return fail(engine.status());
+  auto engine = model::Engine::create(mod, spec.value(), be, eo);
+  if (!engine.is_ok())  // name the flags that sized what the engine refused
+    return fail(Status(engine.status().code(),
+                       "--max-num-seqs " + std::to_string(o.max_seqs) + ", context " + std::to_string(ctx) +
+                           ", --chunk-tokens " + std::to_string(o.chunk_tokens) +
+                           (budget_gib > 0 ? ", a KV budget of " + num(budget_gib) + " GiB (--kv-cache-memory)" : "") +
+                           ": " + engine.status().message()));
   serve::SchedulerOptions so;
   so.max_step_tokens = o.max_batched_tokens;
   so.exact_recompute = !o.fast_recompute;
@@ -122,7 +150,7 @@ int run_serve(const ServeCli& o) {
   const double mib = 1048576.0;
   std::fprintf(stderr, "model %s: %d layers, %d/%d heads of %d, context %d\n", c.name.c_str(), c.n_layers, c.n_heads,
                c.n_kv_heads, c.head_dim, engine.value()->max_tokens());
-  std::fprintf(stderr, "engine %s; kv cache %s, %zu bytes/token\n", be.value()->describe().c_str(),
+  std::fprintf(stderr, "engine %s; kv cache %s, %zu bytes/token\n", be.describe().c_str(),
                spec.value().to_string().c_str(),
                cache::bytes_per_token(spec.value(), geo.num_layers, geo.num_kv_heads, geo.head_dim));
   std::fprintf(stderr, "pools: %d main pages (%.1f MiB), %d sink pages; up to %d sequences, step budget %d tokens%s\n",

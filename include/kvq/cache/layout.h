@@ -81,6 +81,15 @@ KVQ_HD int32_t encode_main_slot(int32_t page, int slot, int block_size) { return
 KVQ_HD int32_t encode_sink_slot(int32_t sink_page, int slot, int block_size) {
   return -(sink_page * block_size + slot) - 1;
 }
+// The slot of token position `pos` of a sequence, by the rule at the top of this file: positions
+// below `sink_capacity` go to its sink pages, the rest to its main pages (PagedKvCache's tables).
+// `pos` must be inside the pages the tables hold.
+KVQ_HD int32_t position_slot(int pos, int sink_capacity, const int32_t* main_pages, const int32_t* sink_pages,
+                             int block_size) {
+  if (pos < sink_capacity) return encode_sink_slot(sink_pages[pos / block_size], pos % block_size, block_size);
+  const int u = pos - sink_capacity;
+  return encode_main_slot(main_pages[u / block_size], u % block_size, block_size);
+}
 KVQ_HD bool slot_is_sink(int32_t s) { return s < 0; }
 KVQ_HD int32_t slot_page(int32_t s, int block_size) { return (s < 0 ? -s - 1 : s) / block_size; }
 KVQ_HD int slot_in_page(int32_t s, int block_size) { return (s < 0 ? -s - 1 : s) % block_size; }

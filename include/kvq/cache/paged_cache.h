@@ -119,6 +119,9 @@ class PagedKvCache {
   int written(SeqId seq, int layer) const;  // tokens [0, written) of that layer hold data
   const std::vector<int32_t>& block_table(SeqId seq) const;
   const std::vector<int32_t>& sink_table(SeqId seq) const;
+  // Where a cache write puts token `pos` of `seq` (layout.h's position_slot over its tables). The
+  // sequence must exist and extend() must have reserved `pos`.
+  int32_t slot_of(SeqId seq, int pos) const;
   bool has_sequence(SeqId seq) const;
 
   // All-null view for a layer out of range.

@@ -50,6 +50,18 @@ bool parse_completion_request(const std::string& body, bool chat, CompletionRequ
 // for a model without chat markers.
 std::string chat_prompt_text(const model::Tokenizer& tok, const std::vector<ChatMessage>& messages);
 
+// The token ids a parsed request asks the model to continue, checked against the context of `ctx`
+// tokens: the chat template's text or the prompt text encoded (with BOS when `add_bos`), or the
+// client's own ids; a lone BOS for an empty text. Refuses (400, context_length_exceeded) a prompt
+// that leaves no room for a completion. The ids are not checked against the vocabulary here (the
+// scheduler's validate() does).
+bool request_prompt_ids(const CompletionRequest& req, const model::Tokenizer& tok, bool add_bos, int ctx,
+                        std::vector<int32_t>* ids, ApiError* err);
+
+// A response body as text. Generated text may hold invalid UTF-8 (a byte token cut from its
+// character, a model emitting stray bytes): those bytes become U+FFFD rather than an exception.
+std::string dump_json(const nlohmann::json& j);
+
 // Response bodies. `id` like "cmpl-7", `created` in Unix seconds.
 nlohmann::json completion_response(bool chat, const std::string& id, int64_t created, const std::string& model,
                                    const std::string& text, const std::string& finish_reason, int prompt_tokens,

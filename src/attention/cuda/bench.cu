@@ -11,6 +11,7 @@
 #include "kvq/attention/cuda/decode.h"
 #include "kvq/attention/cuda/device_cache.h"
 #include "kvq/attention/cuda/write.h"
+#include "kvq/common/hardware.h"
 #include "kvq/format/bf16.h"
 
 namespace kvq::attention::cuda {
@@ -307,8 +308,37 @@ Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, s
 
 namespace {
 
+// Sizes from the command line (--shapes, --tokens/--heads/--head-dim), checked before anything is
+// allocated: every count positive, page counts that fit the int arithmetic, and the buffers within
+// the device's memory and their host copies within the host's. `what` names the shape.
+Status check_bench_size(const std::string& what, double tokens, int num_kv_heads, int head_dim, int block_size,
+                        const CudaDeviceInfo& dev) {
+  const double pages = tokens / block_size + 1;
+  // K and V at 2 bytes (bf16 inputs, the bf16 cache or sink: the widest stored), scales, tables.
+  const double device_bytes = tokens * num_kv_heads * head_dim * 2.0 * 2 * 2 + tokens * num_kv_heads * 8.0 + pages * 8;
+  const double host_bytes = tokens * num_kv_heads * head_dim * 2.0 + pages * 8;
+  const uint64_t host_mem = physical_memory_bytes();
+  auto gib = [](double b) { return std::to_string(static_cast<long long>(b / double(1 << 30) + 0.5)) + " GiB"; };
+  if (pages > double(1 << 30))
+    return invalid_argument(what + " needs more than 2^30 cache pages; use fewer tokens");
+  if (dev.global_mem_bytes > 0 && device_bytes > double(dev.global_mem_bytes))
+    return out_of_memory(what + " needs about " + gib(device_bytes) + " of device memory, more than the " +
+                         gib(double(dev.global_mem_bytes)) + " of " + dev.name + "; use fewer tokens or heads");
+  if (host_mem > 0 && host_bytes > double(host_mem))
+    return out_of_memory(what + " needs about " + gib(host_bytes) + " of host memory, more than this machine's " +
+                         gib(double(host_mem)));
+  return Status::ok();
+}
+
 Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, const DecodeBenchOptions& o, DeviceBuffer& flush,
                                         const CudaDeviceInfo& dev) {
+  if (sh.batch < 1 || sh.num_q_heads < 1 || sh.num_kv_heads < 1 || sh.head_dim < 1 || sh.seq_len < 1 ||
+      sh.num_q_heads % sh.num_kv_heads != 0)
+    return invalid_argument("B, Hq, Hkv, D and L must be positive and Hq a multiple of Hkv");
+  KVQ_RETURN_IF_ERROR(check_bench_size("the KV cache", double(sh.batch) * sh.seq_len, sh.num_kv_heads, sh.head_dim,
+                                       o.block_size, dev));
+  if (double(sh.batch) * sh.num_q_heads * sh.head_dim * 4 > double(dev.global_mem_bytes))
+    return out_of_memory("the queries of the shape do not fit in device memory; use a smaller batch");
   DecodeBenchRow row;
   row.shape = sh;
   row.format = f;
@@ -431,6 +461,15 @@ Result<std::vector<WriteBenchRow>> bench_write(const WriteBenchOptions& o, const
   auto flush = l2_flush_buffer();
   if (!flush.is_ok()) return flush.status();
   const int n = o.num_tokens, h = o.num_kv_heads, d = o.head_dim, bs = o.block_size;
+  if (n < 1 || h < 1 || d < 1 || bs < 1)
+    return invalid_argument("--tokens, --heads, --head-dim and the block size must be positive (got " +
+                            std::to_string(n) + ", " + std::to_string(h) + ", " + std::to_string(d) + ", " +
+                            std::to_string(bs) + ")");
+  auto dev = cuda_device_info();
+  if (!dev.is_ok()) return dev.status();
+  KVQ_RETURN_IF_ERROR(check_bench_size("--tokens " + std::to_string(n) + " x --heads " + std::to_string(h) +
+                                           " x --head-dim " + std::to_string(d),
+                                       double(n), h, d, bs, dev.value()));
   const size_t elems = static_cast<size_t>(n) * h * d;
   // bf16 rows, N(0,1)-like with a few larger values, generated once on the host (32 MB).
   std::mt19937_64 rng(o.seed);
