@@ -273,6 +273,20 @@ class CudaBackend final : public Backend {
     return launch_status("cuda rope");
   }
 
+  Status can_implement(const RotateHeadsArgs& a) const override { return check_rotate_heads(a); }
+  size_t workspace_size(const RotateHeadsArgs&) const override { return 0; }
+  Status run(const RotateHeadsArgs& a) override {
+    KVQ_RETURN_IF_ERROR(can_implement(a));
+    const size_t vecs = size_t(a.rows) * a.num_heads;
+    if (vecs == 0) return Status::ok();
+    const size_t ctas = (vecs + cuda_ops::kRotateWarps - 1) / cuda_ops::kRotateWarps;
+    const unsigned grid = static_cast<unsigned>(ctas < 65535u * 16 ? ctas : 65535u * 16);
+    const size_t shmem = size_t(cuda_ops::kRotateWarps) * a.head_dim * sizeof(float);  // <= 16 KiB
+    cuda_ops::hadamard_heads_kernel<<<grid, cuda_ops::kRotateWarps * 32, shmem, stream_>>>(
+        a.x, vecs, a.head_dim, rotate_heads_norm(a.head_dim));
+    return launch_status("cuda rotate heads");
+  }
+
   Status can_implement(const SwigluArgs& a) const override {
     if (a.n > 0 && (a.gate == nullptr || a.up == nullptr)) return invalid_argument("swiglu: null operand");
     return Status::ok();
