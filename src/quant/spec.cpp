@@ -9,8 +9,8 @@ constexpr const char* kDtypeChoices = "auto, bf16, fp16, fp8, fp8_e4m3, fp8_fnuz
 constexpr const char* kGranularityChoices = "per_tensor, per_token_head, per_block_head";
 
 Status check_storable(Format f, std::string_view origin) {
-  if (f == Format::kInt4) {
-    return unsupported("int4 KV cache not implemented yet (" + std::string(origin) +
+  if (!format_traits(f).cache_ready) {
+    return unsupported(std::string(format_name(f)) + " KV cache not implemented yet (" + std::string(origin) +
                        "); use --kv-cache-dtype int8 or fp8");
   }
   return Status::ok();

@@ -53,8 +53,9 @@ Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
     return unsupported(std::string("cuda ") + op + ": head_dim " + str(g.head_dim) +
                        " is not supported; the CUDA backend takes multiples of 8 up to 256");
   if (g.block_size < 1) return invalid_argument(std::string("cuda ") + op + ": block_size must be positive");
-  if (g.format == Format::kInt4)
-    return unsupported(std::string("cuda ") + op + ": int4 caches are not supported by the CUDA backend; use int8 or fp8");
+  if (!format_traits(g.format).cache_ready)
+    return unsupported(std::string("cuda ") + op + ": " + format_name(g.format) +
+                       " caches are not supported by the CUDA backend; use int8 or fp8");
   if (g.num_kv_heads < 1) return invalid_argument(std::string("cuda ") + op + ": geometry has no kv heads");
   return Status::ok();
 }
@@ -187,7 +188,8 @@ class CudaBackend final : public Backend {
   Result<std::unique_ptr<CacheStorage>> create_cache_storage(cache::PagedKvCache& book) override {
     const cache::CacheGeometry& g = book.geometry();
     if (fast_shape(g)) {
-      if (g.format == Format::kInt4) return unsupported("cuda backend: int4 caches are not supported; use int8 or fp8");
+      if (!format_traits(g.format).cache_ready)
+        return unsupported(std::string("cuda backend: ") + format_name(g.format) + " caches are not supported; use int8 or fp8");
     } else {
       KVQ_RETURN_IF_ERROR(check_generic_shape(g, "cache"));
     }
@@ -411,7 +413,9 @@ class CudaBackend final : public Backend {
 
   Status can_implement(const PrefillArgs& a) const override {
     if (fast_shape(a.geom)) {
-      if (a.geom.format == Format::kInt4) return unsupported("cuda prefill: int4 caches are not supported; use int8 or fp8");
+      if (!format_traits(a.geom.format).cache_ready)
+        return unsupported(std::string("cuda prefill: ") + format_name(a.geom.format) +
+                           " caches are not supported; use int8 or fp8");
     } else {
       KVQ_RETURN_IF_ERROR(check_generic_shape(a.geom, "prefill"));
     }
