@@ -105,7 +105,9 @@ std::string bucket_table(const EvalReport& rep, bool markdown) {
     rows.push_back(c);
   }
   if (rows.size() < 2) return "";
-  return "\n" + render(rows, markdown);
+  std::string out = "\n";  // a blank line between the two tables
+  out += render(rows, markdown);
+  return out;
 }
 
 }  // namespace
