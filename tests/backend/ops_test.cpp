@@ -404,7 +404,9 @@ void BackendOps::rotate(const OpCase& c) {
   // The outlier is spread: no rotated channel of the first head keeps more than 1/sqrt(d) of it plus noise.
   double amax = 0;
   for (int i = 0; i < d; ++i) amax = std::max(amax, std::fabs(ref[i]));
-  if (d >= 64) EXPECT_LT(amax, 40.0 / std::sqrt(double(d)) + 6.0);
+  if (d >= 64) {
+    EXPECT_LT(amax, 40.0 / std::sqrt(double(d)) + 6.0);
+  }
 }
 
 void BackendOps::swiglu(const OpCase& c) {
