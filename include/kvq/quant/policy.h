@@ -14,8 +14,9 @@
 //               (deciding on the scale alone goes wrong when an all-zero page, scale 1, gets its
 //               first non-zero token); then the page head's earlier codes are re-quantized with the
 //               grown scale (dequantized with the old one first).
-//   per_tensor  the layer's scale is unset (kUnsetTensorScale) until the first write that reaches
-//               the main pool sets it from that write's amax; later values saturate.
+//   per_tensor  the layer's scale is unset until the first write that reaches the main pool sets
+//               it from that write's amax; later values saturate. Device planes mark "unset" with
+//               kUnsetTensorScale (no real scale is 0); the host cache keeps a flag beside the plane.
 //   element     code = encode(x / scale) for finite x, 0 for NaN / inf.
 #include <cfloat>
 #include <cmath>
