@@ -45,7 +45,8 @@ Status validate(const CacheConfig& cfg) {
   if (sp.block_size != 16 && sp.block_size != 32) {
     return invalid_argument("block size " + std::to_string(sp.block_size) + " is not supported; accepted: 16, 32");
   }
-  if (sp.format == Format::kInt4) return unsupported("int4 KV cache not implemented yet; use int8 or fp8");
+  if (!format_traits(sp.format).cache_ready)
+    return unsupported(std::string(format_name(sp.format)) + " KV cache not implemented yet; use int8 or fp8");
   if (sp.scale_dtype != ScaleDtype::kFp32) return unsupported("fp16 scale planes are not implemented yet; use fp32");
   if (sp.granularity != ScaleGranularity::kPerTensor && sp.granularity != ScaleGranularity::kPerTokenHead &&
       sp.granularity != ScaleGranularity::kPerBlockHead) {
@@ -411,7 +412,7 @@ void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0,
         if (!keeps_old) {
           page_amax = amax;
           scale = quant::scale_for_amax(f, amax);
-        } else if (amax > page_amax) {
+        } else if (quant::block_scale_grows(amax, page_amax)) {
           const float grown = quant::scale_for_amax(f, amax);
           float tmp[kMaxHeadDim];
           quant::QuantStats ignored;  // re-encoding is not new input: only the event is counted

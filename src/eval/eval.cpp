@@ -32,6 +32,7 @@ struct Lane {
   Accumulator total;
   std::vector<Accumulator> window;  // per window slot
   std::vector<double> window_nll;
+  PositionBuckets buckets;
   int64_t tokens = 0;
   double seconds = 0;
 };
@@ -217,7 +218,10 @@ Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& s
           const size_t o = static_cast<size_t>(i) * slot_floats;
           compare_chunk(base_logits.data() + o, stats[i], spec_logits.data() + o, vocab_, targets[i].data(),
                         scored[i], threads_, rows);
-          for (const auto& r : rows) l.window[i].add(r);
+          for (size_t r = 0; r < rows.size(); ++r) {
+            l.window[i].add(rows[r]);
+            l.buckets.add(off + static_cast<int>(r), rows[r]);
+          }
         }
       }
       if (progress_) {
@@ -265,6 +269,7 @@ Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& s
     r.kl_max = l.total.kl_max;
     r.top1 = l.total.top1_rate();
     r.window_nll = l.window_nll;
+    if (!is_base) r.buckets = l.buckets.results();
     r.forward_seconds = l.seconds;
     r.tokens_per_s = l.seconds > 0 ? static_cast<double>(l.tokens) / l.seconds : 0;
     return r;
@@ -295,8 +300,9 @@ Result<std::vector<Window>> eval_windows(const model::Model& model, const std::v
                                          const EvalOptions& opts) {
   const auto& cfg = model.config();
   if (cfg.max_seq_len > 0 && opts.ctx > cfg.max_seq_len)
-    return invalid_argument("--ctx " + std::to_string(opts.ctx) + " exceeds the model's context length " +
-                            std::to_string(cfg.max_seq_len));
+    return invalid_argument("--ctx " + std::to_string(opts.ctx) + " exceeds " + cfg.name + "'s context length " +
+                            std::to_string(cfg.max_seq_len) + " (positions it was trained for); use --ctx " +
+                            std::to_string(cfg.max_seq_len) + " or less");
   WindowOptions wo;
   wo.ctx = opts.ctx;
   wo.add_bos = opts.bos < 0 ? cfg.add_bos : opts.bos > 0;

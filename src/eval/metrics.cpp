@@ -108,6 +108,40 @@ double Accumulator::spec_mean_nll() const { return mean(spec_nll_sum, count); }
 double Accumulator::mean_kl() const { return mean(kl_sum, count); }
 double Accumulator::top1_rate() const { return mean(static_cast<double>(top1_agree), count); }
 
+int position_bucket(int position) {
+  int b = 0;
+  while (b + 1 < kNumPositionBuckets && position >= kPositionBucketStart[static_cast<size_t>(b + 1)]) ++b;
+  return b;
+}
+
+std::string position_bucket_name(int bucket) {
+  auto label = [](int v) { return v % 1024 == 0 && v > 0 ? std::to_string(v / 1024) + "k" : std::to_string(v); };
+  const size_t b = static_cast<size_t>(bucket);
+  if (bucket + 1 >= kNumPositionBuckets) return label(kPositionBucketStart[b]) + "+";
+  return label(kPositionBucketStart[b]) + "-" + label(kPositionBucketStart[b + 1]);
+}
+
+void PositionBuckets::merge(const PositionBuckets& o) {
+  for (size_t b = 0; b < acc.size(); ++b) acc[b].merge(o.acc[b]);
+}
+
+std::vector<BucketResult> PositionBuckets::results() const {
+  std::vector<BucketResult> out;
+  for (int b = 0; b < kNumPositionBuckets; ++b) {
+    const Accumulator& a = acc[static_cast<size_t>(b)];
+    BucketResult r;
+    r.name = position_bucket_name(b);
+    r.begin = kPositionBucketStart[static_cast<size_t>(b)];
+    r.end = b + 1 < kNumPositionBuckets ? kPositionBucketStart[static_cast<size_t>(b + 1)] : -1;
+    r.predictions = a.count;
+    r.kl_mean = a.mean_kl();
+    r.kl_max = a.count > 0 ? a.kl_max : std::numeric_limits<double>::quiet_NaN();
+    r.nll_delta = mean(a.spec_nll_sum - a.base_nll_sum, a.count);
+    out.push_back(r);
+  }
+  return out;
+}
+
 double perplexity(double mean_nll) { return std::exp(mean_nll); }
 double delta_ppl_pct(double base_ppl, double spec_ppl) { return 100.0 * (spec_ppl / base_ppl - 1.0); }
 

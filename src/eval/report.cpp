@@ -1,6 +1,7 @@
 #include "kvq/eval/report.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <vector>
@@ -41,11 +42,11 @@ std::vector<std::string> row_cells(const SpecResult& r) {
 
 }  // namespace
 
-std::string format_table(const EvalReport& rep, bool markdown) {
-  const std::vector<std::string> head = {"cache spec", "ppl",       "dPPL",   "KL mean", "top-1",
-                                         "B/tok@ctx",  "B/tok",     "saving", "tok/s",   "time s", "gate"};
-  std::vector<std::vector<std::string>> rows = {head};
-  for (const auto& r : rep.results) rows.push_back(row_cells(r));
+namespace {
+
+// Left-aligned first column, numbers right; markdown: a pipe table.
+std::string render(const std::vector<std::vector<std::string>>& rows, bool markdown) {
+  const std::vector<std::string>& head = rows[0];
   std::string out;
   if (markdown) {
     auto line = [&](const std::vector<std::string>& c) {
@@ -63,16 +64,60 @@ std::string format_table(const EvalReport& rep, bool markdown) {
     for (const auto& r : rows)
       for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
     for (size_t k = 0; k < rows.size(); ++k) {
+      const size_t start = out.size();
       for (size_t i = 0; i < rows[k].size(); ++i) {
         const std::string& c = rows[k][i];
         std::string pad(w[i] - c.size(), ' ');
-        out += i == 0 ? c + pad : "  " + pad + c;  // first column left-aligned, numbers right
+        out += i == 0 ? c + pad : "  " + pad + c;
       }
       out += "\n";
-      if (k == 0) out += std::string(out.size() - 1, '-') + "\n";
+      if (k == 0) out += std::string(out.size() - start - 1, '-') + "\n";
     }
   }
   return out;
+}
+
+// KL mean and NLL delta per position bucket, for the buckets some spec reached.
+std::string bucket_table(const EvalReport& rep, bool markdown) {
+  std::vector<int> used;
+  for (int b = 0; b < kNumPositionBuckets; ++b)
+    for (const auto& r : rep.results)
+      if (!r.is_baseline && static_cast<size_t>(b) < r.buckets.size() && r.buckets[static_cast<size_t>(b)].predictions > 0) {
+        used.push_back(b);
+        break;
+      }
+  if (used.empty()) return "";
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> head = {"by position"};
+  for (int b : used) {
+    head.push_back("KL " + position_bucket_name(b));
+    head.push_back("dNLL " + position_bucket_name(b));
+  }
+  rows.push_back(head);
+  for (const auto& r : rep.results) {
+    if (r.is_baseline || r.buckets.empty()) continue;
+    std::vector<std::string> c = {spec_name(r)};
+    for (int b : used) {
+      const BucketResult& br = r.buckets[static_cast<size_t>(b)];
+      c.push_back(fmt("%.3e", br.kl_mean));
+      c.push_back(fmt("%+.2e", br.nll_delta));
+    }
+    rows.push_back(c);
+  }
+  if (rows.size() < 2) return "";
+  std::string out = "\n";  // a blank line between the two tables
+  out += render(rows, markdown);
+  return out;
+}
+
+}  // namespace
+
+std::string format_table(const EvalReport& rep, bool markdown) {
+  const std::vector<std::string> head = {"cache spec", "ppl",       "dPPL",   "KL mean", "top-1",
+                                         "B/tok@ctx",  "B/tok",     "saving", "tok/s",   "time s", "gate"};
+  std::vector<std::vector<std::string>> rows = {head};
+  for (const auto& r : rep.results) rows.push_back(row_cells(r));
+  return render(rows, markdown) + bucket_table(rep, markdown);
 }
 
 std::string report_json(const EvalReport& rep, const ReportContext& ctx, int indent) {
@@ -99,6 +144,13 @@ std::string report_json(const EvalReport& rep, const ReportContext& ctx, int ind
     json wn = json::array();
     for (double v : r.window_nll) wn.push_back(num(v));
     j["window_nll"] = wn;
+    json bk = json::array();
+    for (const BucketResult& b : r.buckets)
+      bk.push_back({{"bucket", b.name}, {"begin", b.begin}, {"end", b.end < 0 ? json(nullptr) : json(b.end)},
+                    {"predictions", b.predictions}, {"kl_mean", num(b.kl_mean)}, {"kl_max", num(b.kl_max)},
+                    {"nll_delta", num(b.nll_delta)}});
+    j["position_buckets"] = bk;  // empty for the baseline
+    j["rotation"] = rotation_name(r.spec.rotation);
     j["bytes_per_token"] = r.bytes_per_token;
     j["bytes_per_token_at_ctx"] = num(r.bytes_per_token_at_ctx);
     j["saving_pct"] = num(r.saving_pct);

@@ -6,31 +6,8 @@
 
 namespace kvq {
 
-const char* format_name(Format f) {
-  switch (f) {
-    case Format::kBf16: return "bf16";
-    case Format::kFp16: return "fp16";
-    case Format::kFp8E4m3: return "fp8_e4m3";
-    case Format::kFp8E4m3Fnuz: return "fp8_e4m3_fnuz";
-    case Format::kInt8: return "int8";
-    case Format::kInt4: return "int4";
-  }
-  return "unknown";
-}
-
-const char* format_description(Format f) {
-  switch (f) {
-    case Format::kBf16: return "bfloat16, round to nearest even (baseline and sink)";
-    case Format::kFp16: return "IEEE binary16, round to nearest even (baseline, fp16 scales)";
-    case Format::kFp8E4m3:
-      return "FP8 E4M3 OCP 'fn' (NVIDIA sm_89+): bias 7, max 448, NaN S.1111.111; writer never emits -0";
-    case Format::kFp8E4m3Fnuz:
-      return "FP8 E4M3 FNUZ (AMD CDNA3): bias 8, max 240, NaN 0x80; writer caps at 224 (0x7E)";
-    case Format::kInt8: return "int8 symmetric, -127..127";
-    case Format::kInt4: return "int4 symmetric, -7..7, two per byte (element 2i in the low nibble)";
-  }
-  return "unknown";
-}
+const char* format_name(Format f) { return format_traits(f).name; }
+const char* format_description(Format f) { return format_traits(f).description; }
 
 Result<Format> parse_format_name(std::string_view name) {
   for (Format f : kAllFormats)

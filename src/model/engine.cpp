@@ -143,6 +143,11 @@ Status Engine::Impl::init(const Model& m, const QuantSpec& s, backend::Backend& 
   wdtype = opts.weights == WeightsDType::kAuto
                ? (backend.kind() == backend::BackendKind::kCpu ? DType::kF32 : DType::kBf16)
                : (opts.weights == WeightsDType::kF32 ? DType::kF32 : DType::kBf16);
+  if (s.rotation == KvRotation::kHadamard) {
+    // Refused here, with the model's head size, rather than at the first forward.
+    float probe = 0.f;
+    KVQ_RETURN_IF_ERROR(backend.can_implement(backend::RotateHeadsArgs{&probe, 1, 1, cfg.head_dim}));
+  }
 
   // The bookkeeping cache: one sink per sequence (bounded by the sequence length) and pages for
   // max_seqs full sequences unless the caller sized the pool.
@@ -347,6 +352,11 @@ Status Engine::Impl::run_layers(int rows, int num_decode, const std::vector<Piec
                                                 cfg.rope_half_split}));
     KVQ_RETURN_IF_ERROR(B.run(backend::RopeArgs{f(k), rows, cfg.n_kv_heads, hd, pos, f(rope_cos), f(rope_sin), max_pos,
                                                 cfg.rope_half_split}));
+    if (spec.rotation == KvRotation::kHadamard) {
+      // After RoPE: the rotation is position independent, and q.k stays what RoPE made it.
+      KVQ_RETURN_IF_ERROR(B.run(backend::RotateHeadsArgs{f(q), rows, cfg.n_heads, hd}));
+      KVQ_RETURN_IF_ERROR(B.run(backend::RotateHeadsArgs{f(k), rows, cfg.n_kv_heads, hd}));
+    }
     backend::CacheWriteArgs w;
     w.book = book.get();
     w.storage = storage.get();

@@ -22,8 +22,8 @@ float finite_amax(const float* x, int n, QuantStats* stats) {
   float amax = 0.f;
   uint64_t bad = 0;
   for (int i = 0; i < n; ++i) {
-    const float a = std::fabs(x[i]);
-    if (!std::isfinite(a)) {
+    const float a = abs_value(x[i]);
+    if (!is_finite_value(a)) {
       ++bad;
       continue;
     }
@@ -33,32 +33,11 @@ float finite_amax(const float* x, int n, QuantStats* stats) {
   return amax;
 }
 
-float scale_for_amax(Format f, float amax) {
-  if (!is_quantized(f) || !(amax > 0.f) || !std::isfinite(amax)) return 1.0f;
-  const float s = amax / format_qmax(f);
-  return s < FLT_MIN ? FLT_MIN : s;
-}
-
-bool clips(Format f, float scaled) {
-  const float a = std::fabs(scaled);
-  switch (f) {
-    // Beyond the midpoint between the largest code and the next grid value (which the format
-    // lacks or the writer refuses); the tie itself rounds to the even largest code for fp8.
-    case Format::kFp8E4m3: return a > 464.0f;      // 448 | 480
-    case Format::kFp8E4m3Fnuz: return a > 232.0f;  // 224 | 240 (interchange cap)
-    // rint's tie at qmax + 0.5 goes to the even neighbour qmax + 1, which is clipped.
-    case Format::kInt8: return a >= 127.5f;
-    case Format::kInt4: return a >= 7.5f;
-    case Format::kFp16: return a >= 65520.0f;       // rounds to inf in binary16
-    case Format::kBf16: return a >= format::bits_float(0x7F7F8000u);  // rounds to bf16 inf
-  }
-  return false;
-}
-
 size_t row_bytes(Format f, int n) {
   if (n <= 0) return 0;
   const size_t un = static_cast<size_t>(n);
-  return f == Format::kInt4 ? (un + 1) / 2 : un * static_cast<size_t>(format_bits(f)) / 8;
+  const FormatTraits t = format_traits(f);
+  return t.elems_per_byte > 1 ? (un + t.elems_per_byte - 1) / t.elems_per_byte : un * static_cast<size_t>(t.bits) / 8;
 }
 
 void quantize_row(Format f, const float* x, int n, float scale, uint8_t* codes, QuantStats* stats) {
@@ -89,7 +68,7 @@ void quantize_row(Format f, const float* x, int n, float scale, uint8_t* codes, 
             ++local.nonfinite;
             continue;
           }
-          const float s = v / scale;
+          const float s = div_rn(v, scale);
           if (clips(f, s)) ++local.saturated;
           q[j] = format::encode_symmetric_int(s, format::kInt4Max);
         }
@@ -104,9 +83,9 @@ void quantize_row(Format f, const float* x, int n, float scale, uint8_t* codes, 
           codes[i] = 0;
           continue;
         }
-        const float s = v / scale;
+        const float s = div_rn(v, scale);
         if (clips(f, s)) ++local.saturated;
-        codes[i] = encode_byte(f, s);
+        codes[i] = encode_byte(f, s);  // quantize_value's rule, with the quotient kept for clips()
       }
       break;
   }

@@ -9,8 +9,8 @@ constexpr const char* kDtypeChoices = "auto, bf16, fp16, fp8, fp8_e4m3, fp8_fnuz
 constexpr const char* kGranularityChoices = "per_tensor, per_token_head, per_block_head";
 
 Status check_storable(Format f, std::string_view origin) {
-  if (f == Format::kInt4) {
-    return unsupported("int4 KV cache not implemented yet (" + std::string(origin) +
+  if (!format_traits(f).cache_ready) {
+    return unsupported(std::string(format_name(f)) + " KV cache not implemented yet (" + std::string(origin) +
                        "); use --kv-cache-dtype int8 or fp8");
   }
   return Status::ok();
@@ -27,6 +27,16 @@ const char* granularity_name(ScaleGranularity g) {
   return "?";
 }
 
+const char* rotation_name(KvRotation r) {
+  return r == KvRotation::kHadamard ? "hadamard" : "none";
+}
+
+Result<KvRotation> parse_rotation(std::string_view s) {
+  if (s == "none") return KvRotation::kNone;
+  if (s == "hadamard") return KvRotation::kHadamard;
+  return invalid_argument("unknown --kv-rotate '" + std::string(s) + "'; accepted: none, hadamard");
+}
+
 std::string QuantSpec::to_string() const {
   std::string s = format_name(format);
   // A granularity or scale dtype means nothing for unquantized storage, so it is not printed.
@@ -37,6 +47,7 @@ std::string QuantSpec::to_string() const {
   }
   s += "/b" + std::to_string(block_size);
   s += "/sink" + std::to_string(sink_tokens);
+  if (rotation != KvRotation::kNone) s += std::string("/") + rotation_name(rotation);
   return s;
 }
 
@@ -107,6 +118,10 @@ Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format)
                             std::to_string(kMaxSinkTokens));
   }
   spec.sink_tokens = opts.sink_tokens;
+
+  Result<KvRotation> r = parse_rotation(opts.rotate);
+  if (!r.is_ok()) return r.status();
+  spec.rotation = r.value();
   return spec;
 }
 

@@ -51,9 +51,14 @@ QuantSpec make_spec(Format f, ScaleGranularity g, int sink) {
   s.block_size = 16;
   return s;
 }
+QuantSpec rotated(QuantSpec s) {
+  s.rotation = KvRotation::kHadamard;
+  return s;
+}
 
 std::string spec_label(const QuantSpec& s) {
-  return std::string(format_name(s.format)) + "/" + granularity_name(s.granularity) + "/sink" + std::to_string(s.sink_tokens);
+  return std::string(format_name(s.format)) + "/" + granularity_name(s.granularity) + "/sink" + std::to_string(s.sink_tokens) +
+         (s.rotation == KvRotation::kHadamard ? "/hadamard" : "");
 }
 
 // ---- cache write: byte-identical planes -----------------------------------------------------------
@@ -249,7 +254,9 @@ TEST_F(CudaEngineStories, LogitsAndPlanesCloseToCpu) {
                                 make_spec(Format::kFp8E4m3, ScaleGranularity::kPerBlockHead, 16),
                                 make_spec(Format::kFp8E4m3Fnuz, ScaleGranularity::kPerTokenHead, 16),
                                 make_spec(Format::kInt8, ScaleGranularity::kPerTokenHead, 16),
-                                make_spec(Format::kInt8, ScaleGranularity::kPerBlockHead, 0)}) {
+                                make_spec(Format::kInt8, ScaleGranularity::kPerBlockHead, 0),
+                                rotated(make_spec(Format::kInt8, ScaleGranularity::kPerTokenHead, 16)),
+                                rotated(make_spec(Format::kFp8E4m3, ScaleGranularity::kPerBlockHead, 0))}) {
     SCOPED_TRACE(spec_label(spec));
     // fp32 weights on both: the differences are the backends' rounding, not the weight format.
     auto ec = engine(*cpu_, spec, model::WeightsDType::kF32), eg = engine(*gpu_, spec, model::WeightsDType::kF32);

@@ -22,6 +22,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -75,12 +76,12 @@ constexpr double kAttnStoredBudget = 1e-4;
 constexpr double kLseBudget = 2e-4;  // absolute, LSE values are O(10)
 
 enum class Op : uint8_t {
-  kGemm, kRmsNorm, kRope, kSwiglu, kEmbed, kSample, kCacheWrite, kDecode, kPrefill, kRefuse, kMemory
+  kGemm, kRmsNorm, kRope, kSwiglu, kEmbed, kSample, kCacheWrite, kDecode, kPrefill, kRefuse, kMemory, kRotate
 };
 
 const char* op_name(Op op) {
   static const char* names[] = {"gemm",  "rmsnorm", "rope",   "swiglu",  "embed",
-                                "sample", "write",  "decode", "prefill", "refuse", "memory"};
+                                "sample", "write",  "decode", "prefill", "refuse", "memory", "rotate"};
   return names[static_cast<int>(op)];
 }
 
@@ -106,13 +107,16 @@ struct OpCase {
         return n + "_r" + std::to_string(rows) + "_h" + std::to_string(m) + "_d" + std::to_string(k) +
                (flag ? "_halfsplit" : "_pairs");
       case Op::kSwiglu: return n + "_n" + std::to_string(rows);
+      case Op::kRotate:
+        return n + "_r" + std::to_string(rows) + "_h" + std::to_string(m) + "_d" + std::to_string(k);
       case Op::kEmbed:
         return n + (wdtype == DType::kBf16 ? "_bf16" : "_f32") + "_r" + std::to_string(rows) + "_" +
                std::to_string(m) + "x" + std::to_string(k);
       case Op::kSample: return n + "_r" + std::to_string(rows) + "_v" + std::to_string(m);
       case Op::kMemory: return n + "_" + std::to_string(rows) + "bytes";
       case Op::kRefuse: {
-        static const char* what[] = {"decode_gqa", "prefill_gqa", "gemm_beta", "rope_odd_dim", "gemm_shape"};
+        static const char* what[] = {"decode_gqa", "prefill_gqa", "gemm_beta", "rope_odd_dim", "gemm_shape",
+                                     "rotate_dim96", "rotate_dim2048"};
         return n + "_" + what[rows];
       }
       default: return n + "_" + cache.name();
@@ -152,6 +156,13 @@ std::vector<OpCase> all_cases() {
     c.op = Op::kRope, c.rows = s[0], c.m = s[1], c.k = s[2], c.flag = s[3] != 0;
     add(c);
   }
+  // Hadamard head rotation: the engine's head sizes (64 SmolLM2, 128, 256) and small / large edges.
+  const int rotate_shapes[][3] = {{1, 1, 2}, {3, 2, 8}, {9, 4, 64}, {128, 3, 64}, {5, 9, 128}, {2, 5, 256}, {1, 2, 1024}};
+  for (const auto& s : rotate_shapes) {
+    OpCase c;
+    c.op = Op::kRotate, c.rows = s[0], c.m = s[1], c.k = s[2];
+    add(c);
+  }
   for (int n : {1, 1000, 4097}) {
     OpCase c;
     c.op = Op::kSwiglu, c.rows = n;
@@ -184,7 +195,7 @@ std::vector<OpCase> all_cases() {
     c.op = Op::kMemory, c.rows = bytes;
     add(c);
   }
-  for (int r = 0; r < 5; ++r) {
+  for (int r = 0; r < 7; ++r) {
     OpCase c;
     c.op = Op::kRefuse, c.rows = r;
     c.cache.format = Format::kInt8, c.cache.head_dim = 64, c.cache.group = 1, c.cache.sink = 16;
@@ -223,6 +234,7 @@ class BackendOps : public ::testing::TestWithParam<std::tuple<BackendKind, OpCas
   void gemm(const OpCase& c);
   void rmsnorm(const OpCase& c);
   void rope(const OpCase& c);
+  void rotate(const OpCase& c);
   void swiglu(const OpCase& c);
   void embed(const OpCase& c);
   void sample(const OpCase& c);
@@ -349,6 +361,51 @@ void BackendOps::rope(const OpCase& c) {
         }
       }
     EXPECT_GT(rel_l2(got.data(), other.data(), other.size()), 1e-2) << "rotated with the other pair layout";
+  }
+}
+
+// Against the explicit matrix in float64 (H[i][j] = (-1)^popcount(i & j) / sqrt(d)), and bit for
+// bit against the documented float order (stride-1, 2, 4, ... butterflies, then one multiply), the
+// contract that keeps every backend's rotated K, and so its cache codes, identical.
+void BackendOps::rotate(const OpCase& c) {
+  std::mt19937_64 rng(c.seed);
+  const int rows = c.rows, heads = c.m, d = c.k;
+  auto x = normal_vec(rng, size_t(rows) * heads * d);
+  x[0] = 40.f;  // an outlier channel, what the rotation is for
+  DevBuf dx = dev_from(be(), x);
+  RotateHeadsArgs a{dx.f(), rows, heads, d};
+  if (!serves(a)) return;
+  KVQ_ASSERT_OK(testing::plan_and_run(be(), a, c.seed & 1));
+  const auto got = dx.download<float>();
+  EXPECT_TRUE(dx.guards_intact());
+  std::vector<double> ref(x.size(), 0.0);
+  const double norm = 1.0 / std::sqrt(double(d));
+  std::vector<float> order(x.size());
+  for (size_t v = 0; v < size_t(rows) * heads; ++v) {
+    const float* in = x.data() + v * d;
+    for (int i = 0; i < d; ++i) {
+      double acc = 0;
+      for (int j = 0; j < d; ++j) acc += (std::popcount(unsigned(i & j)) & 1 ? -1.0 : 1.0) * in[j];
+      ref[v * d + i] = acc * norm;
+    }
+    float* o = order.data() + v * d;
+    std::copy(in, in + d, o);
+    for (int h = 1; h < d; h <<= 1)
+      for (int blk = 0; blk < d; blk += 2 * h)
+        for (int i = blk; i < blk + h; ++i) {
+          const float p = o[i], q = o[i + h];
+          o[i] = p + q, o[i + h] = p - q;
+        }
+    const float fnorm = static_cast<float>(norm);
+    for (int i = 0; i < d; ++i) o[i] *= fnorm;
+  }
+  EXPECT_LT(rel_l2(got.data(), ref.data(), ref.size()), kF32Budget);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], order[i]) << "element " << i << " (head size " << d << ")";
+  // The outlier is spread: no rotated channel of the first head keeps more than 1/sqrt(d) of it plus noise.
+  double amax = 0;
+  for (int i = 0; i < d; ++i) amax = std::max(amax, std::fabs(ref[i]));
+  if (d >= 64) {
+    EXPECT_LT(amax, 40.0 / std::sqrt(double(d)) + 6.0);
   }
 }
 
@@ -496,6 +553,13 @@ void BackendOps::refuse(const OpCase& c) {
     DevBuf dc = dev_from(be(), tab), dp = dev_from(be(), pos);
     RopeArgs a{out.f(), 4, 1, 15, dp.i32(), dc.f(), dc.f(), 8, false};
     expect_refused(be().can_implement(a), be().plan(a), be().run(a), out, 4 * 15);
+  } else if (c.rows == 5 || c.rows == 6) {  // the Hadamard rotation needs a power-of-two head size <= 1024
+    const int d = c.rows == 5 ? 96 : 2048;
+    DevBuf big = dev_poisoned(be(), size_t(d));
+    RotateHeadsArgs a{big.f(), 1, 1, d};
+    const Status st = be().can_implement(a);
+    EXPECT_NE(st.message().find("power of two"), std::string::npos) << st.to_string();
+    expect_refused(st, be().plan(a), be().run(a), big, size_t(d));
   } else {  // an empty weight matrix
     GemmArgs a{dx.f(), 4, MatrixRef{wb.value().get(), DType::kF32, 0, 16}, out.f(), 0.f};
     expect_refused(be().can_implement(a), be().plan(a), be().run(a), out, 4 * 8);
@@ -551,6 +615,7 @@ TEST_P(BackendOps, MatchesReference) {
     case Op::kGemm: gemm(c); break;
     case Op::kRmsNorm: rmsnorm(c); break;
     case Op::kRope: rope(c); break;
+    case Op::kRotate: rotate(c); break;
     case Op::kSwiglu: swiglu(c); break;
     case Op::kEmbed: embed(c); break;
     case Op::kSample: sample(c); break;

@@ -121,6 +121,7 @@ TEST_F(StoriesEval, QuantizedSpecsAgainstDirectLogits) {
     ASSERT_TRUE(r.error.empty()) << r.error;
     // Recompute the metrics from whole-window logits (one forward call, no chunking).
     Accumulator acc;
+    PositionBuckets buckets;
     for (const auto& w : windows.value()) {
       // Same chunking as the eval, so the logits are the same bits and the tolerances can be tight.
       auto base = compute_logits(*model_, baseline_spec(), w.tokens, o.chunk_tokens);
@@ -135,6 +136,7 @@ TEST_F(StoriesEval, QuantizedSpecsAgainstDirectLogits) {
         c.kl = kl_divergence(b, s, vocab);
         c.top1_agree = argmax(b, vocab) == argmax(s, vocab);
         acc.add(c);
+        buckets.add(p, c);
       }
     }
     EXPECT_EQ(r.predictions, acc.count);
@@ -142,6 +144,17 @@ TEST_F(StoriesEval, QuantizedSpecsAgainstDirectLogits) {
     EXPECT_NEAR(rep.value().baseline.nll, acc.base_mean_nll(), 1e-12);
     EXPECT_NEAR(r.kl_mean, acc.mean_kl(), 1e-14) << r.label;
     EXPECT_EQ(r.top1, acc.top1_rate()) << r.label;
+    // 512-token windows reach the first two position buckets only.
+    const auto want_buckets = buckets.results();
+    ASSERT_EQ(r.buckets.size(), want_buckets.size());
+    for (size_t b = 0; b < want_buckets.size(); ++b) {
+      EXPECT_EQ(r.buckets[b].predictions, want_buckets[b].predictions) << want_buckets[b].name;
+      if (want_buckets[b].predictions == 0) continue;
+      EXPECT_NEAR(r.buckets[b].kl_mean, want_buckets[b].kl_mean, 1e-14) << want_buckets[b].name;
+      EXPECT_NEAR(r.buckets[b].nll_delta, want_buckets[b].nll_delta, 1e-12) << want_buckets[b].name;
+    }
+    EXPECT_EQ(r.buckets[0].predictions, 2 * 256);
+    EXPECT_EQ(r.buckets[1].predictions, 2 * 255);
     // A quantized cache changes the distributions, but only a little.
     EXPECT_GT(r.kl_mean, 0.0) << r.label;
     EXPECT_LT(r.kl_mean, 0.1) << r.label;
@@ -159,6 +172,31 @@ TEST_F(StoriesEval, QuantizedSpecsAgainstDirectLogits) {
     EXPECT_NE(t.find("int8"), std::string::npos);
   }
   EXPECT_NE(report_json(rep.value(), ReportContext{}).find("\"window_nll\""), std::string::npos);
+  EXPECT_NE(report_json(rep.value(), ReportContext{}).find("\"position_buckets\""), std::string::npos);
+  EXPECT_NE(format_table(rep.value(), false).find("KL 256-1k"), std::string::npos);
+}
+
+// The Hadamard rotation is orthogonal: with a bf16 cache it changes the logits only by rounding,
+// while an int8 cache with rotation still runs end to end and stays close to the baseline.
+TEST_F(StoriesEval, HadamardRotationKeepsAttention) {
+  EvalOptions o = ref_options();
+  o.max_windows = 1;
+  SpecRequest bf = request("bf16:hadamard", Format::kBf16), i8 = request("int8:hadamard", Format::kInt8);
+  bf.spec.rotation = i8.spec.rotation = KvRotation::kHadamard;
+  auto rep = run_eval(*model_, *ids_, {bf, i8}, o);
+  ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
+  const auto& rows = rep.value().results;
+  ASSERT_EQ(rows.size(), 3u);
+  ASSERT_TRUE(rows[1].error.empty()) << rows[1].error;
+  ASSERT_TRUE(rows[2].error.empty()) << rows[2].error;
+  EXPECT_FALSE(rows[1].is_baseline);  // a rotated bf16 cache is a different cache
+  EXPECT_GT(rows[1].kl_mean, 0.0);
+  // Measured 3.0e-4 / -0.06% (head size 8: bf16 rounds the rotated K differently); a rotation of
+  // K without the matching one of Q scrambles the scores and costs orders of magnitude more.
+  EXPECT_LT(rows[1].kl_mean, 2e-3);
+  EXPECT_LT(std::fabs(rows[1].delta_ppl_pct), 0.5);
+  EXPECT_LT(rows[2].kl_mean, 0.05);
+  EXPECT_NE(rows[2].spec.to_string().find("/hadamard"), std::string::npos);
 }
 
 TEST_F(StoriesEval, AutoFollowsTheGate) {

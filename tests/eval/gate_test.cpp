@@ -196,6 +196,26 @@ TEST(Specs, InlineSinkBlockAndDuplicates) {
   EXPECT_EQ(r.value()[0].spec.block_size, 32);
 }
 
+TEST(Specs, RotationGlobalAndPerEntry) {
+  SpecListOptions o;
+  o.kv_cache_dtypes = "int8,int8:hadamard,fp8:none";
+  auto r = parse_spec_list(o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(r.value().size(), 3u);  // a rotated cache is not a duplicate of the plain one
+  EXPECT_EQ(r.value()[0].spec.rotation, KvRotation::kNone);
+  EXPECT_EQ(r.value()[1].spec.rotation, KvRotation::kHadamard);
+  o.rotate = "hadamard";
+  r = parse_spec_list(o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(r.value().size(), 2u);  // int8 and int8:hadamard are now the same cache
+  EXPECT_EQ(r.value()[0].spec.rotation, KvRotation::kHadamard);
+  EXPECT_EQ(r.value()[1].spec.rotation, KvRotation::kNone);  // fp8:none overrides --kv-rotate
+  o.rotate = "givens";
+  r = parse_spec_list(o);
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_NE(r.status().message().find("--kv-rotate"), std::string::npos) << r.status().message();
+}
+
 TEST(Specs, ErrorsNameTheEntry) {
   SpecListOptions o;
   for (const char* bad : {"fp9", "fp8:foo", "int8:b17", "", " , "}) {

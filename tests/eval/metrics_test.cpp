@@ -155,3 +155,82 @@ TEST(Metrics, DeltaPpl) {
 
 }  // namespace
 }  // namespace kvq::eval
+
+namespace kvq::eval {
+namespace {
+
+RowComparison row(double base_nll, double spec_nll, double kl) {
+  RowComparison r;
+  r.base_nll = base_nll, r.spec_nll = spec_nll, r.kl = kl;
+  return r;
+}
+
+TEST(PositionBuckets, EdgesAndNames) {
+  const int pos[] = {-1, 0, 255, 256, 1023, 1024, 4095, 4096, 8191, 1 << 20};
+  const int want[] = {0, 0, 0, 1, 1, 2, 2, 3, 3, 3};
+  for (size_t i = 0; i < std::size(pos); ++i) EXPECT_EQ(position_bucket(pos[i]), want[i]) << "position " << pos[i];
+  EXPECT_EQ(position_bucket_name(0), "0-256");
+  EXPECT_EQ(position_bucket_name(1), "256-1k");
+  EXPECT_EQ(position_bucket_name(2), "1k-4k");
+  EXPECT_EQ(position_bucket_name(3), "4k+");
+}
+
+// Sums worked out by hand: bucket 0 gets positions 3 and 255, bucket 1 position 256, bucket 3
+// positions 4096 and 8000 (added through a merge); bucket 2 stays empty.
+TEST(PositionBuckets, MatchHandComputedMeans) {
+  PositionBuckets a, b;
+  a.add(3, row(2.0, 2.5, 0.01));
+  a.add(255, row(1.0, 1.1, 0.03));
+  a.add(256, row(4.0, 3.0, 0.2));
+  b.add(4096, row(0.5, 0.75, 0.004));
+  b.add(8000, row(1.5, 1.25, 0.002));
+  a.merge(b);
+  const auto r = a.results();
+  ASSERT_EQ(r.size(), 4u);
+  EXPECT_EQ(r[0].predictions, 2);
+  EXPECT_NEAR(r[0].kl_mean, 0.02, 1e-15);
+  EXPECT_NEAR(r[0].kl_max, 0.03, 1e-15);
+  EXPECT_NEAR(r[0].nll_delta, (0.5 + 0.1) / 2, 1e-15);
+  EXPECT_EQ(r[1].predictions, 1);
+  EXPECT_NEAR(r[1].kl_mean, 0.2, 1e-15);
+  EXPECT_NEAR(r[1].nll_delta, -1.0, 1e-15);
+  EXPECT_EQ(r[2].predictions, 0);
+  EXPECT_TRUE(std::isnan(r[2].kl_mean));
+  EXPECT_TRUE(std::isnan(r[2].nll_delta));
+  EXPECT_TRUE(std::isnan(r[2].kl_max));
+  EXPECT_EQ(r[3].predictions, 2);
+  EXPECT_NEAR(r[3].kl_mean, 0.003, 1e-15);
+  EXPECT_NEAR(r[3].kl_max, 0.004, 1e-15);
+  EXPECT_NEAR(r[3].nll_delta, 0.0, 1e-15);
+  EXPECT_EQ(r[0].begin, 0);
+  EXPECT_EQ(r[1].end, 1024);
+  EXPECT_EQ(r[3].end, -1);
+}
+
+// Over random rows, the buckets partition the positions: counts and count-weighted KL / NLL
+// sums add up to the whole-window accumulator's.
+TEST(PositionBuckets, PartitionTheWindow) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(0.0, 3.0);
+  PositionBuckets pb;
+  Accumulator all;
+  for (int p = 0; p < 5000; p += 1 + static_cast<int>(rng() % 7)) {
+    const RowComparison r = row(u(rng), u(rng), u(rng) * 1e-3);
+    pb.add(p, r);
+    all.add(r);
+  }
+  int64_t n = 0;
+  double kl = 0, dnll = 0;
+  for (const auto& b : pb.results()) {
+    ASSERT_GT(b.predictions, 0) << b.name;
+    n += b.predictions;
+    kl += b.kl_mean * static_cast<double>(b.predictions);
+    dnll += b.nll_delta * static_cast<double>(b.predictions);
+  }
+  EXPECT_EQ(n, all.count);
+  EXPECT_NEAR(kl, all.kl_sum, 1e-9 * all.kl_sum);
+  EXPECT_NEAR(dnll, all.spec_nll_sum - all.base_nll_sum, 1e-9 * all.base_nll_sum);
+}
+
+}  // namespace
+}  // namespace kvq::eval

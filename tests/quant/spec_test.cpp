@@ -154,6 +154,25 @@ TEST(ParseQuantSpec, BadValuesFailWithTheirOptionName) {
   }
 }
 
+TEST(ParseQuantSpec, Rotation) {
+  QuantOptions o;
+  o.kv_cache_dtype = "int8";
+  auto plain = parse_quant_spec(o);
+  ASSERT_TRUE(plain.is_ok());
+  EXPECT_EQ(plain.value().rotation, KvRotation::kNone);
+  EXPECT_EQ(plain.value().to_string(), "int8/per_token_head/b16/sink256");
+  o.rotate = "hadamard";
+  auto rot = parse_quant_spec(o);
+  ASSERT_TRUE(rot.is_ok());
+  EXPECT_EQ(rot.value().rotation, KvRotation::kHadamard);
+  EXPECT_EQ(rot.value().to_string(), "int8/per_token_head/b16/sink256/hadamard");
+  o.rotate = "Hadamard";
+  auto bad = parse_quant_spec(o);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("none, hadamard"), std::string::npos) << bad.status().message();
+}
+
 TEST(ParseQuantSpec, SinkBounds) {
   QuantOptions o;
   o.sink_tokens = kMaxSinkTokens;

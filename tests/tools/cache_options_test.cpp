@@ -193,6 +193,19 @@ TEST(CacheOptions, SameArgumentsGiveTheSameSpecInEveryCommand) {
   }
 }
 
+TEST(CacheOptions, RotationReachesTheSpecOfEveryEngineCommand) {
+  for (CacheCommand cmd : kAllCacheCommands) {
+    if (!cache_flag_set(cmd).rotate) continue;
+    const Outcome o = run(cmd, {{"--kv-cache-dtype", "int8"}, {"--kv-rotate", "hadamard"}});
+    ASSERT_TRUE(o.parsed) << name_of(cmd) << ": " << o.error;
+    ASSERT_EQ(o.specs.size(), 1u) << name_of(cmd);
+    EXPECT_EQ(o.specs[0].rotation, KvRotation::kHadamard) << name_of(cmd);
+    EXPECT_FALSE(run(cmd, {{"--kv-rotate", "givens"}}).parsed) << name_of(cmd);
+  }
+  for (CacheCommand cmd : {CacheCommand::kEval, CacheCommand::kGenerate, CacheCommand::kServe})
+    EXPECT_TRUE(cache_flag_set(cmd).rotate) << name_of(cmd);
+}
+
 TEST(CacheOptions, BackendIsValidatedAndStored) {
   for (CacheCommand cmd : kAllCacheCommands) {
     if (!cache_flag_set(cmd).backend) continue;

@@ -37,6 +37,7 @@ CacheFlagSet make_bench_decode() {
   s.command = "bench decode";
   s.lists = true;
   s.defaults.kv_cache_dtype = "bf16,fp8_e4m3,fp8_fnuz,int8";
+  s.rotate = false;  // times the attention kernels alone; a rotation would not change them
   s.aliases = {{"--formats", "--kv-cache-dtype"}, {"--granularity", "--kv-scale-granularity"},
                {"--sink", "--kv-sink-tokens"}};
   return s;
@@ -47,6 +48,7 @@ CacheFlagSet make_bench_write() {
   s.command = "bench write";
   s.lists = true;
   s.sink = false;  // the write benchmark has no sink
+  s.rotate = false;
   s.defaults.kv_cache_dtype = "fp8_e4m3,fp8_fnuz,int8,bf16";
   s.defaults.kv_scale_granularity = "per_token_head,per_block_head";
   s.aliases = {{"--formats", "--kv-cache-dtype"}, {"--granularities", "--kv-scale-granularity"}};
@@ -56,7 +58,7 @@ CacheFlagSet make_bench_write() {
 CacheFlagSet make_report() {
   CacheFlagSet s;
   s.command = "report";
-  s.dtype = s.granularity = s.scale_dtype = s.backend = false;  // report sweeps every format itself, on the CPU
+  s.dtype = s.granularity = s.scale_dtype = s.backend = s.rotate = false;  // report sweeps every format itself, on the CPU
   s.defaults.sink_tokens = 0;
   s.aliases = {{"--sink", "--kv-sink-tokens"}};
   return s;
@@ -120,6 +122,13 @@ void add_cache_options(CLI::App* app, CacheCliOptions& o, CacheCommand cmd) {
                                         "first N tokens of each sequence kept in bf16 (0 disables)")
                             ->capture_default_str());
   }
+  if (set.rotate) {
+    app->add_option("--kv-rotate", o.kv_rotate,
+                    "rotate K and Q per head before K is stored: none|hadamard (Walsh-Hadamard; head size "
+                    "must be a power of two)")
+        ->check(CLI::IsMember(std::vector<std::string>{"none", "hadamard"}))
+        ->capture_default_str();
+  }
   if (set.backend) {
     const char* what = bench ? "what to time: cuda or auto (= cuda); CPU kernels are timed by kvq_bench_cpu"
                            : "where the model runs: cpu, cuda or auto (cuda when a GPU is present)";
@@ -143,6 +152,7 @@ Result<std::vector<eval::SpecRequest>> to_spec_requests(const CacheCliOptions& o
   so.scale_dtype = o.kv_scale_dtype;
   so.block_size = o.block_size;
   so.sink_tokens = o.sink_tokens;
+  so.rotate = o.kv_rotate;
   so.auto_first = auto_first;
   return eval::parse_spec_list(so);
 }
@@ -165,6 +175,7 @@ Result<QuantSpec> to_quant_spec(const CacheCliOptions& o, Format auto_format) {
   qo.scale_dtype = o.kv_scale_dtype;
   qo.block_size = r.spec.block_size;
   qo.sink_tokens = r.spec.sink_tokens;
+  qo.rotate = rotation_name(r.spec.rotation);
   return parse_quant_spec(qo, auto_format);
 }
 

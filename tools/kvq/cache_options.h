@@ -9,6 +9,7 @@
 //   --kv-scale-dtype        fp32
 //   --block-size            16|32
 //   --kv-sink-tokens        N (0 disables)
+//   --kv-rotate             none|hadamard (eval, generate, serve: the commands that run the engine)
 //   --backend               cpu|cuda|auto
 //
 // Old spellings (bench's --formats, --granularity, --granularities, --sink; generate's
@@ -41,6 +42,7 @@ struct CacheCliOptions {
   std::string kv_scale_dtype = "fp32";
   int block_size = 16;
   int sink_tokens = 256;
+  std::string kv_rotate = "none";
   std::string backend = "auto";  // validated: cpu | cuda | auto
 };
 
@@ -50,6 +52,7 @@ inline constexpr const char* kBackendChoices[] = {"cpu", "cuda", "auto"};
 struct CacheFlagSet {
   const char* command = "";  // as typed after `kvq`: "eval", "bench decode"
   bool dtype = true, granularity = true, scale_dtype = true, block_size = true, sink = true, backend = true;
+  bool rotate = true;  // only commands whose cache goes through the engine (the rotation is an engine step)
   bool lists = false;
   CacheCliOptions defaults;
   struct Alias {

@@ -128,6 +128,22 @@ struct RopeArgs {
   bool half_split = false;
 };
 
+// Rotates each head of x[rows][num_heads][head_dim] in place by the normalised Walsh-Hadamard
+// matrix H / sqrt(head_dim) (QuantSpec::rotation; the engine applies it to Q and K after RoPE).
+// H is orthogonal and symmetric, so rotating both Q and K leaves every q.k unchanged up to
+// rounding. head_dim must be a power of two in [2, kMaxRotateHeadDim] (kInvalidArgument otherwise).
+// The arithmetic is fixed, so backends agree bit for bit: butterfly stages of stride 1, 2, 4, ...,
+// each pair (a, b) -> (a + b, a - b), then one multiply by float(1 / sqrt(head_dim)).
+inline constexpr int kMaxRotateHeadDim = 1024;
+struct RotateHeadsArgs {
+  float* x = nullptr;
+  int rows = 0, num_heads = 0, head_dim = 0;
+};
+// The check every backend's can_implement starts with (shape and head size).
+Status check_rotate_heads(const RotateHeadsArgs& a);
+// float(1 / sqrt(head_dim)), the normalisation above (computed in double, rounded once).
+float rotate_heads_norm(int head_dim);
+
 // gate[i] = silu(gate[i]) * up[i] for i < n (SwiGLU's elementwise part).
 struct SwigluArgs {
   float* gate = nullptr;
@@ -224,6 +240,7 @@ class Backend {
   KVQ_BACKEND_OP(GemmArgs)
   KVQ_BACKEND_OP(RmsNormArgs)
   KVQ_BACKEND_OP(RopeArgs)
+  KVQ_BACKEND_OP(RotateHeadsArgs)
   KVQ_BACKEND_OP(SwigluArgs)
   KVQ_BACKEND_OP(EmbedArgs)
   KVQ_BACKEND_OP(CacheWriteArgs)

@@ -2,7 +2,10 @@
 // Accuracy metrics of a quantized-cache run against the bf16 baseline on the same tokens.
 // Everything is computed in float64 from float32 logits: a log-softmax over a 49152-entry vocabulary
 // loses several digits in float32, which is the size of the effects being measured.
+#include <array>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace kvq::eval {
 
@@ -41,6 +44,28 @@ struct Accumulator {
   double spec_mean_nll() const;
   double mean_kl() const;
   double top1_rate() const;
+};
+
+// Long-context view: the same sums per position bucket, where a position is the index (BOS
+// included) of the row whose next token is predicted. The buckets show where the bf16 sink (the
+// first positions) and the quantized pages (later ones) set the error.
+inline constexpr int kNumPositionBuckets = 4;
+inline constexpr std::array<int, kNumPositionBuckets> kPositionBucketStart = {0, 256, 1024, 4096};
+int position_bucket(int position);  // 0..3; negative positions go to bucket 0
+std::string position_bucket_name(int bucket);  // "0-256", "256-1k", "1k-4k", "4k+"
+
+struct BucketResult {
+  std::string name;
+  int begin = 0, end = -1;  // positions [begin, end); end -1: open
+  int64_t predictions = 0;
+  double kl_mean, kl_max, nll_delta;  // nll_delta: mean(spec NLL - bf16 NLL); NaN when empty
+};
+
+struct PositionBuckets {
+  std::array<Accumulator, kNumPositionBuckets> acc;
+  void add(int position, const RowComparison& r) { acc[static_cast<size_t>(position_bucket(position))].add(r); }
+  void merge(const PositionBuckets& o);
+  std::vector<BucketResult> results() const;  // all four, in order
 };
 
 double perplexity(double mean_nll);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kvq/eval/metrics.h"
 #include "kvq/quant/spec.h"
 
 namespace kvq::eval {
@@ -25,6 +26,7 @@ struct SpecResult {
   double kl_mean = kNaN, kl_max = kNaN;  // KL(p_bf16 || p_spec), nats per position
   double top1 = kNaN;                    // fraction of positions whose argmax matches bf16's
   std::vector<double> window_nll;        // mean NLL of each window
+  std::vector<BucketResult> buckets;     // KL and NLL delta by position (metrics.h), all windows
 
   size_t bytes_per_token = 0;         // steady state, scale metadata included (cache::bytes_per_token)
   double bytes_per_token_at_ctx = 0;  // the bf16 sink amortised over one window of ctx tokens

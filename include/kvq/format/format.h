@@ -8,11 +8,9 @@
 #include "kvq/format/bf16.h"
 #include "kvq/format/fp8.h"
 #include "kvq/format/integer.h"
+#include "kvq/format/traits.h"
 
 namespace kvq {
-
-// Storage format of cached K/V values.
-enum class Format : uint8_t { kBf16, kFp16, kFp8E4m3, kFp8E4m3Fnuz, kInt8, kInt4 };
 
 const char* format_name(Format f);                        // "bf16", "fp8_e4m3", ...
 Result<Format> parse_format_name(std::string_view name);  // names of format_name, for `kvq formats`
@@ -26,27 +24,11 @@ inline constexpr Format kAllFormats[] = {Format::kBf16, Format::kFp16, Format::k
 // bf16/fp16 (65536 codes) are kInvalidArgument.
 Result<std::string> dump_codes(Format f);
 
-KVQ_HD bool is_quantized(Format f) { return f != Format::kBf16 && f != Format::kFp16; }
-
-// Bits per stored element (int4 = 4).
-KVQ_HD int format_bits(Format f) {
-  switch (f) {
-    case Format::kBf16: case Format::kFp16: return 16;
-    case Format::kInt4: return 4;
-    default: return 8;
-  }
-}
-
+// Views of format_traits (traits.h), kept because most code asks exactly this.
+KVQ_HD bool is_quantized(Format f) { return format_traits(f).kind != CodeKind::kHalf; }
+KVQ_HD int format_bits(Format f) { return format_traits(f).bits; }  // int4 = 4
 // The value a scale maps amax to: the writer's largest code (FNUZ uses the interchange cap 224).
-KVQ_HD float format_qmax(Format f) {
-  switch (f) {
-    case Format::kFp8E4m3: return format::kFp8E4m3Max;
-    case Format::kFp8E4m3Fnuz: return format::kFp8FnuzWriterMax;
-    case Format::kInt8: return static_cast<float>(format::kInt8Max);
-    case Format::kInt4: return static_cast<float>(format::kInt4Max);
-    default: return 1.0f;
-  }
-}
+KVQ_HD float format_qmax(Format f) { return format_traits(f).qmax; }
 
 // One code from an already scaled value (writer semantics: fp8 interchange rule applied).
 // int4 gives the unpacked code -7..7 as a two's complement byte (pack it with pack_int4).

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kvq/format/format.h"
+#include "kvq/quant/policy.h"
 
 namespace kvq::quant {
 
@@ -33,15 +34,7 @@ struct QuantStats {
 // either this or quantize_row for the same values, not both, or they are counted twice.
 float finite_amax(const float* x, int n, QuantStats* stats = nullptr);
 
-// Scale so that amax maps to the format's qmax; an all-zero input gets scale 1 (any positive
-// scale decodes zeros exactly, and 1 keeps the plane free of denormals). The scale is never
-// below FLT_MIN (amax < qmax * FLT_MIN gets FLT_MIN: still no clipping, and x / scale stays
-// finite). Unquantized formats get 1.
-float scale_for_amax(Format f, float amax);
-
-// True when encoding `scaled` (already divided by the scale) in `f` clips it to +-qmax, i.e. an
-// unbounded grid would have rounded it to a larger magnitude. Rounding *to* qmax is not clipping.
-bool clips(Format f, float scaled);
+// scale_for_amax, clips and the rest of the scale policy: quant/policy.h (host and device).
 
 // Bytes that quantize_row writes for n elements.
 size_t row_bytes(Format f, int n);

@@ -16,6 +16,14 @@ enum class ScaleGranularity : uint8_t {
 
 enum class ScaleDtype : uint8_t { kFp32, kFp16 };  // fp16 scales: parsed, refused (kUnsupported)
 
+// A fixed orthogonal transform applied per head to K (before it is quantized) and to Q (so q·k is
+// unchanged up to rounding); V is stored as is. Hadamard spreads a few large K channels over all
+// of them, which shrinks per-(token, head) amax relative to the typical value.
+enum class KvRotation : uint8_t { kNone, kHadamard };
+
+const char* rotation_name(KvRotation r);             // "none" | "hadamard"
+Result<KvRotation> parse_rotation(std::string_view s);
+
 // Largest sink a spec may ask for; keeps page arithmetic far from int overflow.
 inline constexpr int kMaxSinkTokens = 1 << 24;
 
@@ -29,10 +37,11 @@ struct QuantSpec {
   int block_size = 16;     // tokens per page: 16 or 32
   int sink_tokens = 256;   // first N tokens of each sequence kept in bf16; 0 disables
                            // (0 ..= kMaxSinkTokens)
+  KvRotation rotation = KvRotation::kNone;  // applies to every format (bf16 included)
 
   bool quantized() const { return is_quantized(format); }
   // e.g. "fp8_e4m3/per_token_head/b16/sink256"; unquantized formats omit the granularity
-  // ("bf16/b16/sink0").
+  // ("bf16/b16/sink0"); a rotation is appended ("int8/per_token_head/b16/sink256/hadamard").
   std::string to_string() const;
 };
 
@@ -43,6 +52,7 @@ struct QuantOptions {
   std::string scale_dtype = "fp32";
   int block_size = 16;
   int sink_tokens = 256;
+  std::string rotate = "none";  // none | hadamard
 };
 
 // `auto_format` is what `auto` resolves to on this machine (see hardware probe, DESIGN §7).
@@ -51,7 +61,7 @@ struct QuantOptions {
 //                   fp8_fnuz (== fp8_e4m3_fnuz, AMD) | int8;  int4, int4_kivi, fp8_e5m2 -> kUnsupported
 //   granularity:    per_tensor | per_token_head | per_block_head
 //   scale_dtype:    fp32 (float32);  fp16 -> kUnsupported
-//   block_size:     16 | 32;   sink_tokens: 0 ..= kMaxSinkTokens
+//   block_size:     16 | 32;   sink_tokens: 0 ..= kMaxSinkTokens;   rotate: none | hadamard
 Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format = Format::kInt8);
 
 // "fp8" -> fp8_e4m3, "fp8_fnuz" -> fp8_e4m3_fnuz, ...; "auto" is kInvalidArgument here.

@@ -58,8 +58,9 @@ Status check_problem(const Problem& p, const float* q, const float* out) {
                        " is not supported; the CPU backend takes 8..256 in multiples of 8");
   if (g.block_size != 16 && g.block_size != 32)
     return unsupported("attention: block_size " + str(g.block_size) + " is not supported; use 16 or 32");
-  if (g.format == Format::kInt4)
-    return unsupported("attention: the CPU backend does not read int4 caches yet; use int8 or fp8");
+  if (!format_traits(g.format).cache_ready)
+    return unsupported(std::string("attention: the CPU backend does not read ") + format_name(g.format) +
+                       " caches yet; use int8 or fp8");
   if (g.num_pages < 0 || g.num_sink_pages < 0)
     return invalid_argument("attention: negative page count in the cache geometry");
   if (p.num_q_heads < 1 || p.num_q_heads % g.num_kv_heads != 0)

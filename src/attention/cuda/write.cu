@@ -152,7 +152,7 @@ __device__ __forceinline__ void write_row(const WriteParams& p, long long unit, 
   float amax = 0.f;
   if (per_token) {  // every lane of the warp takes part in the shuffles
 #pragma unroll
-    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, finite_abs(x[i]));
+    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, amax_term(x[i]));
     amax = group_max(amax, L);
   }
   if (!live) return;
@@ -165,7 +165,7 @@ __device__ __forceinline__ void write_row(const WriteParams& p, long long unit, 
     const int page = cache::slot_page(slot, p.block_size), ss = cache::slot_in_page(slot, p.block_size);
     float scale = 1.f;
     if (per_token) {
-      scale = device_scale_for_amax(F, amax);
+      scale = scale_for_amax(F, amax);
       if (part == 0) p.scales[kv][p.geom.scale_index(page, head, ss)] = scale;
     } else if (p.quantized) {
       scale = p.scales[kv][0];
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) tensor_amax_kernel(const WriteParams
   const long long total = static_cast<long long>(p.n) * p.heads * 2 * L;
   float amax[2] = {0.f, 0.f};
   bool any = false;
-  const bool need[2] = {p.scales[0][0] == 0.f, p.scales[1][0] == 0.f};
+  const bool need[2] = {quant::tensor_scale_unset(p.scales[0][0]), quant::tensor_scale_unset(p.scales[1][0])};
   if (need[0] || need[1]) {
     for (long long gid = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; gid < total;
          gid += static_cast<long long>(gridDim.x) * kThreads) {
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) tensor_amax_kernel(const WriteParams
       float x[16];
       load16<D, kFp32>(p.in[kv], token, head, p.heads, part, x);
 #pragma unroll
-      for (int i = 0; i < 16; ++i) amax[kv] = fmaxf(amax[kv], finite_abs(x[i]));
+      for (int i = 0; i < 16; ++i) amax[kv] = fmaxf(amax[kv], amax_term(x[i]));
     }
   }
   for (int kv = 0; kv < 2; ++kv) {
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kThreads) tensor_amax_kernel(const WriteParams
 __global__ void tensor_scale_finalize_kernel(const WriteParams p, Format f) {
   if (threadIdx.x != 0 || p.ws[2] == 0u) return;  // no main-pool row in this call: scale stays unset
   for (int kv = 0; kv < 2; ++kv)
-    if (p.scales[kv][0] == 0.f) p.scales[kv][0] = device_scale_for_amax(f, __uint_as_float(p.ws[kv]));
+    if (quant::tensor_scale_unset(p.scales[kv][0])) p.scales[kv][0] = scale_for_amax(f, __uint_as_float(p.ws[kv]));
 }
 
 // per_block_head: warp w of a CTA looks for runs starting among tokens
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
           float x[16];
           unpack<kFp32>(raw[q], x);
 #pragma unroll
-          for (int e = 0; e < 16; ++e) amax = fmaxf(amax, finite_abs(x[e]));
+          for (int e = 0; e < 16; ++e) amax = fmaxf(amax, amax_term(x[e]));
         }
       }
     }
@@ -309,14 +309,14 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
     float* amax_slot = p.amax[kv] + ph;
     float* scale_slot = p.scales[kv] + ph;
     if (slot0 == 0) {  // a fresh page head
-      scale = device_scale_for_amax(F, amax);
+      scale = scale_for_amax(F, amax);
       __syncwarp();
       if (lane == 0) *amax_slot = amax, *scale_slot = scale;
     } else {
       const float old_amax = *amax_slot, old_scale = *scale_slot;
       scale = old_scale;
-      if (amax > old_amax) {
-        scale = device_scale_for_amax(F, amax);
+      if (quant::block_scale_grows(amax, old_amax)) {
+        scale = scale_for_amax(F, amax);
         // Re-quantize the page head's earlier slots with the grown scale.
         for (int c0 = 0; c0 < slot0; c0 += kChunk) {
           uint4 codes[kMaxPass];
@@ -441,7 +441,8 @@ Status can_implement(const WriteArgs& a) {
     return unsupported("cuda write: head_dim " + d + " is not supported; the CUDA kernels take 64, 128 or 256");
   if (g.block_size != 16 && g.block_size != 32)
     return unsupported("cuda write: block_size " + std::to_string(g.block_size) + " is not supported; use 16 or 32");
-  if (g.format == Format::kInt4) return unsupported("cuda write: int4 caches are not written by the CUDA backend yet");
+  if (!format_traits(g.format).cache_ready)
+    return unsupported(std::string("cuda write: ") + format_name(g.format) + " caches are not written by the CUDA backend yet");
   if (g.num_kv_heads < 1) return invalid_argument("cuda write: geometry has no kv heads");
   if (a.num_tokens < 0) return invalid_argument("cuda write: num_tokens is negative");
   if (a.num_tokens == 0) return Status::ok();
@@ -533,7 +534,7 @@ __global__ void division_sweep_kernel(uint64_t samples, unsigned long long* mism
     const float amax = __uint_as_float(0x3f800000u | static_cast<uint32_t>(r & 0x7fffffu)) *
                        exp2f(static_cast<float>(static_cast<int>((r >> 23) % 61) - 30));
     const float qmax = (r >> 40) & 1 ? 448.f : ((r >> 41) & 1 ? 224.f : 127.f);
-    const float s = device_scale_for_amax(Format::kFp8E4m3, amax * 448.f / qmax);
+    const float s = scale_for_amax(Format::kFp8E4m3, amax * 448.f / qmax);
     const float x = __uint_as_float((static_cast<uint32_t>(r >> 42) & 0x807fffffu) | 0x3f800000u) * amax *
                     exp2f(-static_cast<float>((r >> 32) % 41));
     const float want = __fdiv_rn(x, s), got = div_by_scale(x, s, __frcp_rn(s));

@@ -10,19 +10,14 @@
 
 #include "device_util.cuh"
 #include "kvq/format/format.h"
+#include "kvq/quant/policy.h"
 
 namespace kvq::attention::cuda::detail {
 
-__device__ __forceinline__ float device_scale_for_amax(Format f, float amax) {
-  if (!(amax > 0.f) || !isfinite(amax)) return 1.f;
-  const float s = __fdiv_rn(amax, format_qmax(f));
-  return s < FLT_MIN ? FLT_MIN : s;
-}
-
-__device__ __forceinline__ float finite_abs(float x) {
-  const float a = fabsf(x);
-  return isfinite(a) ? a : 0.f;
-}
+// The scale policy itself (amax rule, amax -> scale, growth, per_tensor) is quant/policy.h's,
+// shared with the host cache; this file only holds the vectorised encoders.
+using quant::amax_term;
+using quant::scale_for_amax;
 
 // Bytes equal to 0x80 (-0 in OCP) become 0x00.
 __device__ __forceinline__ uint32_t flush_neg_zero4(uint32_t w) { return w & ~__vcmpeq4(w, 0x80808080u); }
@@ -64,7 +59,8 @@ __device__ __forceinline__ float div_by_scale(float x, float s, float y) {
   return fabsf(q0) < 1048576.f ? q : q0;
 }
 
-// quantize_row's element rule: non-finite -> code 0, else encode(x / scale).
+// quant::quantize_value's element rule (non-finite -> code 0, else encode(x / scale)) with the
+// quotient from div_by_scale.
 __device__ __forceinline__ float scaled_or_zero(float x, float scale, float inv) {
   return isfinite(x) ? div_by_scale(x, scale, inv) : 0.f;
 }

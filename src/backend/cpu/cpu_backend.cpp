@@ -185,6 +185,27 @@ Status CpuBackend::run(const RopeArgs& a) {
   return Status::ok();
 }
 
+Status CpuBackend::can_implement(const RotateHeadsArgs& a) const { return check_rotate_heads(a); }
+size_t CpuBackend::workspace_size(const RotateHeadsArgs&) const { return 0; }
+Status CpuBackend::run(const RotateHeadsArgs& a) {
+  KVQ_RETURN_IF_ERROR(can_implement(a));
+  const int d = a.head_dim;
+  const float norm = rotate_heads_norm(d);
+  const size_t vecs = static_cast<size_t>(a.rows) * static_cast<size_t>(a.num_heads);
+  for (size_t v = 0; v < vecs; ++v) {
+    float* x = a.x + v * static_cast<size_t>(d);
+    for (int h = 1; h < d; h <<= 1)
+      for (int j = 0; j < d / 2; ++j) {
+        const int i = (j / h) * 2 * h + j % h;  // pair (i, i + h), the order the CUDA kernel uses
+        const float p = x[i], q = x[i + h];
+        x[i] = p + q;
+        x[i + h] = p - q;
+      }
+    for (int i = 0; i < d; ++i) x[i] *= norm;
+  }
+  return Status::ok();
+}
+
 Status CpuBackend::can_implement(const SwigluArgs& a) const {
   if (a.n > 0 && (a.gate == nullptr || a.up == nullptr)) return invalid_argument("swiglu: null operand");
   return Status::ok();

@@ -28,6 +28,7 @@ class CpuBackend final : public Backend {
   KVQ_CPU_OP(GemmArgs)
   KVQ_CPU_OP(RmsNormArgs)
   KVQ_CPU_OP(RopeArgs)
+  KVQ_CPU_OP(RotateHeadsArgs)
   KVQ_CPU_OP(SwigluArgs)
   KVQ_CPU_OP(EmbedArgs)
   KVQ_CPU_OP(CacheWriteArgs)

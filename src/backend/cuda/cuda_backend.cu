@@ -53,8 +53,9 @@ Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
     return unsupported(std::string("cuda ") + op + ": head_dim " + str(g.head_dim) +
                        " is not supported; the CUDA backend takes multiples of 8 up to 256");
   if (g.block_size < 1) return invalid_argument(std::string("cuda ") + op + ": block_size must be positive");
-  if (g.format == Format::kInt4)
-    return unsupported(std::string("cuda ") + op + ": int4 caches are not supported by the CUDA backend; use int8 or fp8");
+  if (!format_traits(g.format).cache_ready)
+    return unsupported(std::string("cuda ") + op + ": " + format_name(g.format) +
+                       " caches are not supported by the CUDA backend; use int8 or fp8");
   if (g.num_kv_heads < 1) return invalid_argument(std::string("cuda ") + op + ": geometry has no kv heads");
   return Status::ok();
 }
@@ -203,7 +204,8 @@ class CudaBackend final : public Backend {
   Result<std::unique_ptr<CacheStorage>> create_cache_storage(cache::PagedKvCache& book) override {
     const cache::CacheGeometry& g = book.geometry();
     if (fast_shape(g)) {
-      if (g.format == Format::kInt4) return unsupported("cuda backend: int4 caches are not supported; use int8 or fp8");
+      if (!format_traits(g.format).cache_ready)
+        return unsupported(std::string("cuda backend: ") + format_name(g.format) + " caches are not supported; use int8 or fp8");
     } else {
       KVQ_RETURN_IF_ERROR(check_generic_shape(g, "cache"));
     }
@@ -287,6 +289,20 @@ class CudaBackend final : public Backend {
     cuda_ops::rope_kernel<<<cuda_ops::elt_blocks(n), cuda_ops::kEltThreads, 0, stream_>>>(
         a.x, a.rows, a.num_heads, a.head_dim, a.positions, a.cos, a.sin, a.half_split);
     return launch_status("cuda rope");
+  }
+
+  Status can_implement(const RotateHeadsArgs& a) const override { return check_rotate_heads(a); }
+  size_t workspace_size(const RotateHeadsArgs&) const override { return 0; }
+  Status run(const RotateHeadsArgs& a) override {
+    KVQ_RETURN_IF_ERROR(can_implement(a));
+    const size_t vecs = size_t(a.rows) * a.num_heads;
+    if (vecs == 0) return Status::ok();
+    const size_t ctas = (vecs + cuda_ops::kRotateWarps - 1) / cuda_ops::kRotateWarps;
+    const unsigned grid = static_cast<unsigned>(ctas < 65535u * 16 ? ctas : 65535u * 16);
+    const size_t shmem = size_t(cuda_ops::kRotateWarps) * a.head_dim * sizeof(float);  // <= 16 KiB
+    cuda_ops::hadamard_heads_kernel<<<grid, cuda_ops::kRotateWarps * 32, shmem, stream_>>>(
+        a.x, vecs, a.head_dim, rotate_heads_norm(a.head_dim));
+    return launch_status("cuda rotate heads");
   }
 
   Status can_implement(const SwigluArgs& a) const override {
@@ -413,7 +429,9 @@ class CudaBackend final : public Backend {
 
   Status can_implement(const PrefillArgs& a) const override {
     if (fast_shape(a.geom)) {
-      if (a.geom.format == Format::kInt4) return unsupported("cuda prefill: int4 caches are not supported; use int8 or fp8");
+      if (!format_traits(a.geom.format).cache_ready)
+        return unsupported(std::string("cuda prefill: ") + format_name(a.geom.format) +
+                           " caches are not supported; use int8 or fp8");
     } else {
       KVQ_RETURN_IF_ERROR(check_generic_shape(a.geom, "prefill"));
     }

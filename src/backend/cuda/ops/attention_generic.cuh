@@ -18,8 +18,8 @@
 
 namespace kvq::backend::cuda_ops {
 
-using attention::cuda::detail::device_scale_for_amax;
-using attention::cuda::detail::finite_abs;
+using quant::amax_term;
+using quant::scale_for_amax;
 
 constexpr int kMaxGenericHeadDim = 256;
 
@@ -44,7 +44,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 // Amax of one input row (finite values only), reduced over the warp.
 __device__ __forceinline__ float row_amax(const float* row, int d) {
   float a = 0.f;
-  for (int i = threadIdx.x; i < d; i += 32) a = fmaxf(a, finite_abs(row[i]));
+  for (int i = threadIdx.x; i < d; i += 32) a = fmaxf(a, amax_term(row[i]));
   return warp_max(a);
 }
 
@@ -57,7 +57,7 @@ __device__ __forceinline__ void store_row(Format f, uint8_t* codes, size_t elem,
     } else if (f == Format::kFp16) {
       reinterpret_cast<uint16_t*>(codes)[elem + i] = attention::cuda::detail::store16<Format::kFp16>(v);
     } else {
-      codes[elem + i] = isfinite(v) ? encode_byte(f, __fdiv_rn(v, scale)) : uint8_t{0};
+      codes[elem + i] = quant::quantize_value(f, v, scale);
     }
   }
 }
@@ -77,7 +77,7 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
   auto row = [&](int t, int h) { return in + (size_t(t) * heads + h) * d; };
 
   // per_tensor: the first write reaching the main pool fixes the layer scale (0 = not yet set).
-  if (quantized && g.granularity == ScaleGranularity::kPerTensor && scales[0] == 0.f) {
+  if (quantized && g.granularity == ScaleGranularity::kPerTensor && quant::tensor_scale_unset(scales[0])) {
     float amax = 0.f;
     bool any = false;
     for (int t = 0; t < p.n; ++t) {
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
       for (int h = 0; h < heads; ++h) amax = fmaxf(amax, row_amax(row(t, h), d));
     }
     __syncwarp();
-    if (any && threadIdx.x == 0) scales[0] = device_scale_for_amax(f, amax);
+    if (any && threadIdx.x == 0) scales[0] = scale_for_amax(f, amax);
     __syncwarp();
   }
 
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
         continue;
       }
       if (g.granularity == ScaleGranularity::kPerTokenHead) {
-        const float scale = device_scale_for_amax(f, row_amax(row(t, h), d));
+        const float scale = scale_for_amax(f, row_amax(row(t, h), d));
         if (threadIdx.x == 0) scales[g.scale_index(page, h, slot)] = scale;
         store_row(f, codes, g.elem_index(page, h, slot), row(t, h), d, scale);
         ++t;
@@ -124,17 +124,17 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
       float* amax_slot = p.amax[kv] + si;
       float scale = scales[si];
       if (slot == 0) {  // a fresh page head
-        scale = device_scale_for_amax(f, amax);
+        scale = scale_for_amax(f, amax);
         __syncwarp();
         if (threadIdx.x == 0) *amax_slot = amax, scales[si] = scale;
-      } else if (amax > *amax_slot) {
+      } else if (quant::block_scale_grows(amax, *amax_slot)) {
         // The page head's scale grows: re-quantize its earlier slots (dequantize with the old scale).
-        const float grown = device_scale_for_amax(f, amax);
+        const float grown = scale_for_amax(f, amax);
         for (int r = 0; r < slot; ++r) {
           const size_t e = g.elem_index(page, h, r);
           for (int i = threadIdx.x; i < d; i += 32) {
             const float x = kvq::decode_byte(f, codes[e + i]) * scale;
-            codes[e + i] = isfinite(x) ? encode_byte(f, __fdiv_rn(x, grown)) : uint8_t{0};
+            codes[e + i] = quant::quantize_value(f, x, grown);
           }
         }
         scale = grown;

@@ -67,6 +67,34 @@ __global__ void rope_kernel(float* x, int rows, int heads, int head_dim, const i
   }
 }
 
+// RotateHeadsArgs: one warp per (row, head) vector, staged in shared memory. Each butterfly is
+// the CPU backend's (a + b, a - b) on the same pair, stage after stage, then one multiply by the
+// same norm, so the result is bit-identical to the CPU's.
+constexpr int kRotateWarps = 4;  // per CTA; shared memory kRotateWarps * head_dim floats
+
+__global__ void __launch_bounds__(kRotateWarps * 32)
+    hadamard_heads_kernel(float* x, size_t vecs, int d, float norm) {
+  extern __shared__ float rot_sh[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* s = rot_sh + size_t(warp) * d;
+  for (size_t v = blockIdx.x * size_t(kRotateWarps) + warp; v < vecs; v += size_t(gridDim.x) * kRotateWarps) {
+    float* g = x + v * d;
+    for (int i = lane; i < d; i += 32) s[i] = g[i];
+    __syncwarp();
+    for (int h = 1; h < d; h <<= 1) {
+      for (int j = lane; j < d / 2; j += 32) {
+        const int i = (j / h) * 2 * h + j % h;
+        const float p = s[i], q = s[i + h];
+        s[i] = __fadd_rn(p, q);
+        s[i + h] = __fsub_rn(p, q);
+      }
+      __syncwarp();
+    }
+    for (int i = lane; i < d; i += 32) g[i] = __fmul_rn(s[i], norm);
+    __syncwarp();  // the next vector's loads must not overwrite s before every lane has read it
+  }
+}
+
 __global__ void swiglu_kernel(float* gate, const float* __restrict__ up, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const float g = gate[i];
