@@ -123,6 +123,14 @@ if [[ -s $smol ]]; then
   done
 fi
 
+# Accuracy toolkit (issue 10) on the GPU engine: Hadamard-rotated K at ctx 2048 (4 windows) and 8192.
+if has rot && [[ -s $smol ]]; then
+  run_eval rot2k cuda --model smollm2 --text "$text" --ctx 2048 --max-windows 4 \
+    --kv-cache-dtype int8,int8:hadamard,fp8,fp8:hadamard,fp8_fnuz:hadamard
+  run_eval rot8k cuda --model smollm2 --text "$text" --ctx 8192 --max-windows 1 \
+    --kv-cache-dtype int8,int8:hadamard,fp8,fp8:hadamard
+fi
+
 if [[ $steps == *bench* ]] && [[ -s $smol ]]; then
   timeout 400 $B/kvq_engine_bench --model smollm2 --backend cuda --batch 64 --ctx 8192 --steps 32 \
     --specs "${BENCH_SPECS:-bf16,fp8,int8,fp8_fnuz}" --json "$OUT/bench_engine.json" >"$OUT/bench_engine.log" 2>&1
