@@ -28,21 +28,32 @@ trap 'rm -rf "$scratch"' EXIT
 export TMPDIR="$scratch"
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:allocator_may_return_null=0"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
-status=0
-for t in "${targets[@]}"; do
-  work="$dir/corpus/$t"   # grows across runs; the committed seeds stay read-only
-  mkdir -p "$work"
-  log="$dir/fuzz_$t.log"
-  start=$SECONDS
+# Each fuzzer is single-threaded: run up to KVQ_FUZZ_JOBS (default: the core count) at once; each
+# writes its verdict to fuzz_<target>.status, read once all have finished.
+max_jobs="${KVQ_FUZZ_JOBS:-$(nproc)}"
+run_one() {
+  local t=$1 work="$dir/corpus/$1" log="$dir/fuzz_$1.log" start=$SECONDS
+  mkdir -p "$work"   # grows across runs; the committed seeds stay read-only
   if "$dir/fuzz/fuzz_$t" "$work" "fuzz/corpus/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
       -max_len=65536 -print_final_stats=1 -artifact_prefix="$dir/artifacts/$t-" >"$log" 2>&1; then
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo "?")
     cov=$(grep -o 'cov: [0-9]*' "$log" | tail -1 || true)
     echo "fuzz: $t: ok, $runs runs in $((SECONDS - start)) s ($cov)"
+    echo ok >"$dir/fuzz_$t.status"
   else
-    status=1
     echo "fuzz: $t: FAILED after $((SECONDS - start)) s; log $log, inputs in $dir/artifacts/" >&2
     grep -E 'ERROR|runtime error|SUMMARY|fuzz invariant|Test unit written' "$log" | head -20 >&2 || true
+    echo failed >"$dir/fuzz_$t.status"
   fi
+}
+for t in "${targets[@]}"; do
+  rm -f "$dir/fuzz_$t.status"
+  while (( $(jobs -rp | wc -l) >= max_jobs )); do wait -n || true; done
+  run_one "$t" &
+done
+wait
+status=0
+for t in "${targets[@]}"; do
+  [[ $(cat "$dir/fuzz_$t.status" 2>/dev/null) == ok ]] || { status=1; echo "fuzz: $t did not pass" >&2; }
 done
 exit $status
