@@ -5,6 +5,7 @@
 
 #include "decode_dispatch.cuh"
 #include "kvq/attention/cuda/decode.h"
+#include "kvq/format/traits.h"
 
 namespace kvq::attention::cuda {
 namespace {
@@ -41,8 +42,9 @@ Status can_implement(const DecodeArgs& a) {
     return unsupported("cuda decode: head_dim " + str(g.head_dim) + " is not supported; the CUDA kernels take 64, 128 or 256 (the CPU backend takes any multiple of 8)");
   if (g.block_size != 16 && g.block_size != 32)
     return unsupported("cuda decode: block_size " + str(g.block_size) + " is not supported; use 16 or 32");
-  if (g.format == Format::kInt4)
-    return unsupported("cuda decode: int4 caches are not read by the CUDA backend yet; use int8 or fp8");
+  if (!format_traits(g.format).cache_ready)
+    return unsupported(std::string("cuda decode: ") + format_name(g.format) +
+                       " caches are not read by the CUDA backend yet; use int8 or fp8");
   if (g.num_kv_heads < 1) return invalid_argument("cuda decode: geometry has no kv heads");
   if (a.num_q_heads < 1 || a.num_q_heads % g.num_kv_heads != 0)
     return invalid_argument("cuda decode: num_q_heads (" + str(a.num_q_heads) + ") must be a positive multiple of num_kv_heads (" + str(g.num_kv_heads) + ")");
