@@ -82,7 +82,7 @@ int run_serve(const ServeCli& o) {
     return spec.status();
   });
   if (!run.is_ok()) return fail(run.status());
-  [[maybe_unused]] const backend::BackendKind kind = run.value().kind;  // cuda builds: --gpu-memory-utilization
+  const backend::BackendKind kind = run.value().kind;
   const model::Model& mod = *run.value().model;
   backend::Backend& be = *run.value().backend;
   const model::ModelConfig& c = mod.config();
@@ -95,6 +95,11 @@ int run_serve(const ServeCli& o) {
   eo.max_tokens = o.max_model_len;
   eo.chunk_tokens = o.chunk_tokens;
   eo.batch_invariant = o.batch_invariant;
+  // Rows per step: a GPU needs far more than the CPU's default of two chunks to stay busy (with 256 the
+  // H200 prefilled 7k-token prompts at ~15k tokens/s; bench/results/2026-12-01-h200-merged).
+  const int step_tokens =
+      o.max_batched_tokens > 0 ? o.max_batched_tokens : (kind == backend::BackendKind::kCuda ? 2048 : 0);
+  eo.max_step_tokens = step_tokens;  // 0: the engine's default
   const int ctx = o.max_model_len > 0 ? o.max_model_len : c.max_seq_len;
   double budget_gib = o.kv_gib;
   if (o.gpu_util > 0) {
@@ -127,7 +132,7 @@ int run_serve(const ServeCli& o) {
                            (budget_gib > 0 ? ", a KV budget of " + num(budget_gib) + " GiB (--kv-cache-memory)" : "") +
                            ": " + engine.status().message()));
   serve::SchedulerOptions so;
-  so.max_step_tokens = o.max_batched_tokens;
+  so.max_step_tokens = step_tokens;
   so.exact_recompute = !o.fast_recompute;
   so.prefix_sharing = !o.no_prefix_sharing;
   so.prefix_cache_seqs = o.prefix_cache_seqs;
@@ -193,7 +198,7 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
                   "--max-num-seqs full sequences)")->capture_default_str();
   sub->add_option("--gpu-memory-utilization", o->gpu_util, "cuda: fraction of device memory for weights + KV (the KV "
                   "budget is what the weights and a 2 GiB reserve leave)")->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--max-num-batched-tokens", o->max_batched_tokens, "Token budget per scheduler step (0: 2 chunks)")
+  sub->add_option("--max-num-batched-tokens", o->max_batched_tokens, "Token budget per scheduler step (0: 2048 on cuda, 2 chunks on the cpu)")
       ->capture_default_str();
   sub->add_option("--chunk-tokens", o->chunk_tokens, "Prefill chunk per sequence")->capture_default_str()->check(CLI::Range(1, 8192));
   sub->add_flag("--batch-invariant", o->batch_invariant, "Matrix products per sequence: every result bit-identical to "
