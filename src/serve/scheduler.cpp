@@ -386,11 +386,10 @@ Result<bool> Scheduler::Impl::step() {
                      : (share.seq >= 0 ? engine->add_sequence_sharing(share.seq, share.tokens) : engine->add_sequence());
     if (!seq.is_ok()) {
       // Pages short or the engine's sequence slots full: a held prompt other than the one to share
-      // gives way, else admission stops (FIFO).
+      // (that one was just moved to the back, so the front is another) gives way, else admission
+      // stops (FIFO).
       r.computed = 0;
-      const bool evictable = !held.empty() && !(held.size() == 1 && share.held_index == 0);
-      if (evictable) {
-        if (share.held_index == 0) std::rotate(held.begin(), held.begin() + 1, held.end());
+      if (held.size() > (share.held_index >= 0 ? 1u : 0u)) {
         evict_one();
         continue;
       }
