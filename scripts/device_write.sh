@@ -18,7 +18,9 @@ if [[ ${1:-run} == pack ]]; then
   for b in kvq tests/test_attention_cuda tests/test_backend; do
     [[ -x $build/$b ]] && cp "$build/$b" $pack/bin/ && strip -s "$pack/bin/$(basename "$b")"
   done
+  # Earlier builds to compare with: NAME=PATH pairs in KVQ_EXTRA_BINS (e.g. kvq_base=/tmp/kvq).
   [[ -n ${3:-} ]] && cp "$3" $pack/bin/kvq_base && strip -s $pack/bin/kvq_base
+  for nb in ${KVQ_EXTRA_BINS:-}; do cp "${nb#*=}" "$pack/bin/${nb%%=*}" && strip -s "$pack/bin/${nb%%=*}"; done
   ldd $pack/bin/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
     grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so|libcu' |
     while read -r lib; do cp -L "$lib" $pack/lib/; done
@@ -42,10 +44,16 @@ note "device: $(nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem 
 shape=(--tokens "${KVQ_TOKENS:-65536}" --heads 8 --head-dim 128)
 
 if [[ $steps == *bench* ]]; then
-  if [[ -x $B/kvq_base ]]; then
-    timeout 120 $B/kvq_base bench write --backend cuda "${shape[@]}" --json "$OUT/bench_write_base.json" >"$OUT/bench.log" 2>&1
-    note "bench write (base): rc=$?"
-  fi
+  : >"$OUT/bench.log"
+  for bin in $B/kvq_*; do  # earlier builds (kvq_base: main's kernel, without --input)
+    [[ -x $bin ]] || continue
+    in=(--input both)
+    [[ $bin == */kvq_base ]] && in=()
+    echo "=== $(basename "$bin")" >>"$OUT/bench.log"
+    timeout 120 "$bin" bench write --backend cuda "${shape[@]}" "${in[@]}" --json "$OUT/bench_write_$(basename "$bin").json" >>"$OUT/bench.log" 2>&1
+    note "bench write ($(basename "$bin")): rc=$?"
+  done
+  echo "=== kvq" >>"$OUT/bench.log"
   timeout 150 $B/kvq bench write --backend cuda "${shape[@]}" --input both --json "$OUT/bench_write.json" >>"$OUT/bench.log" 2>&1
   note "bench write: rc=$?"
   timeout 60 $B/kvq bench write --backend cuda "${shape[@]}" --block-size 32 --kv-cache-dtype fp8,int8 >>"$OUT/bench.log" 2>&1
@@ -54,9 +62,9 @@ fi
 
 if [[ $steps == *ncu* ]] && command -v ncu >/dev/null; then
   : >"$OUT/ncu.txt"
-  for bin in kvq_base kvq; do
+  for bin in ${KVQ_NCU_BINS:-kvq_base kvq}; do
     [[ -x $B/$bin ]] || continue
-    for gr in per_token_head per_block_head; do
+    for gr in ${KVQ_NCU_GRANULARITIES:-per_token_head per_block_head}; do
       echo "=== $bin fp8 $gr" >>"$OUT/ncu.txt"
       timeout 90 ncu --clock-control none --kernel-name regex:"write_(rows|segments)_kernel" --launch-count 2 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats \
@@ -69,17 +77,26 @@ if [[ $steps == *ncu* ]] && command -v ncu >/dev/null; then
 fi
 
 if [[ $steps == *tests* ]]; then
-  timeout 200 $B/test_attention_cuda --gtest_filter='CudaWrite*' >"$OUT/tests.log" 2>&1
-  note "test_attention_cuda CudaWrite*: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/tests.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \]' "$OUT/tests.log" | head -20 | tee -a "$summary"
-  timeout 120 $B/test_backend --gtest_filter='CudaBackendWrite*' >>"$OUT/tests.log" 2>&1
-  note "test_backend CudaBackendWrite*: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/tests.log" | tail -3 | tr '\n' ' ')"
+  : >"$OUT/tests.log"
+  for t in $B/test_attention_cuda*; do  # test_attention_cuda_NAME: an earlier build's
+    timeout 200 "$t" --gtest_filter='*CudaWrite*' >"/tmp/kw/t.log" 2>&1
+    note "$(basename "$t") *CudaWrite*: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' /tmp/kw/t.log | tr '\n' ' ')"
+    grep -E '^\[  FAILED  \]' /tmp/kw/t.log | head -20 | tee -a "$summary"
+    cat /tmp/kw/t.log >>"$OUT/tests.log"
+  done
+  timeout 200 $B/test_backend --gtest_filter="${KVQ_BACKEND_FILTER:-CudaBackendWrite*}" >/tmp/kw/t.log 2>&1
+  note "test_backend ${KVQ_BACKEND_FILTER:-CudaBackendWrite*}: rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' /tmp/kw/t.log | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' /tmp/kw/t.log | head -20 | tee -a "$summary"
+  cat /tmp/kw/t.log >>"$OUT/tests.log"
 fi
 
 if [[ $steps == *sanitize* ]] && command -v compute-sanitizer >/dev/null; then
-  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_attention_cuda \
-    --gtest_filter='Sweep/CudaWrite.*in:Sweep/CudaWrite.*fnuz*bulk*' --gtest_brief=1 >"$OUT/sanitizer.log" 2>&1
-  note "compute-sanitizer memcheck CudaWrite sweep: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+  : >"$OUT/sanitizer.log"
+  for t in $B/test_attention_cuda*; do
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" \
+      --gtest_filter='Sweep/CudaWrite.*in:Sweep/CudaWrite.*fnuz*bulk*' --gtest_brief=1 >>"$OUT/sanitizer.log" 2>&1
+    note "compute-sanitizer memcheck $(basename "$t") CudaWrite sweep: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
+  done
 fi
 
 echo
