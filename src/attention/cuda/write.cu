@@ -300,9 +300,9 @@ __global__ void tensor_scale_finalize_kernel(const WriteParams p, Format f) {
 // registers while the warp reduces the amax, and quantized from there; longer runs (block 32 at
 // D >= 128) read the rest again (from L2).
 template <Format F, int D, bool kFp32>
-__global__ void __launch_bounds__(kThreads, 5) write_segments_kernel(const WriteParams p) {
+__global__ void __launch_bounds__(kThreads, 4) write_segments_kernel(const WriteParams p) {
   constexpr int L = D / 16, kRowsPerPass = 32 / L;
-  // Rows in registers per lane: <= 32 registers, so that 5 CTAs (20 warps) fit on an SM.
+  // Rows in registers per lane: <= 32 registers, so that 4 CTAs (16 warps) fit on an SM without spills.
   constexpr int kMaxPass = std::min(std::max(16 / kRowsPerPass, 1), kFp32 ? 2 : 4);
   constexpr int kChunk = kMaxPass * kRowsPerPass;
   // CTAs in (window group, K|V, head) order, head fastest: neighbouring CTAs read neighbouring rows.
