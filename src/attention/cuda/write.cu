@@ -5,9 +5,9 @@
 // of a row's lanes covers whole 32-byte sectors, and likewise each code store.
 //   rows kernel:     sink rows, per_token_head, per_tensor and bf16/fp16 rows; the per-row amax
 //                    is a shuffle reduction across the row's lanes.
-//   segments kernel: per_block_head; one warp per run of consecutive tokens in one page (a
-//                    "segment", <= block_size tokens), found by the warp whose window holds the
-//                    run's first token, so each page head has exactly one owner per call.
+//   segments kernel: per_block_head and its sink rows; one warp per run of consecutive tokens in
+//                    one page (a "segment", <= block_size tokens), found by the warp whose window
+//                    holds the run's first token, so each page head has exactly one owner per call.
 //   per_tensor:      an amax pass over the call's main-pool rows and a one-thread finalize fix
 //                    the layer scale first when it is still 0.
 #include <algorithm>
@@ -297,8 +297,8 @@ __global__ void tensor_scale_finalize_kernel(const WriteParams p, Format f) {
 // [(4 * group + w) * bs, + bs) of one (head, K|V): it writes the sink rows among them and the
 // runs of main-pool tokens of one page that start among them (a run ends at the next break, <= bs
 // tokens later, possibly past the window). A run's first kChunk rows are loaded once, held in
-// registers while the warp reduces the amax, and quantized from there; longer runs (block 32 at
-// D >= 128) read the rest again (from L2).
+// registers while the warp reduces the amax, and quantized from there; the rest of a longer run
+// (block 32, or D 256 / fp32 rows) is read again (from L2).
 template <Format F, int D, bool kFp32>
 __global__ void __launch_bounds__(kThreads, 4) write_segments_kernel(const WriteParams p) {
   constexpr int L = D / 16, kRowsPerPass = 32 / L;
