@@ -64,7 +64,11 @@ class PagedKvCache {
   // scales. kOutOfMemory when the planes cannot be allocated. All planes start zeroed.
   static Result<std::unique_ptr<PagedKvCache>> create(const CacheConfig& cfg);
 
+  // The cache as a whole (pools, shapes; `format` is spec.format). With a per-layer mix
+  // (QuantSpec::plane_formats) the planes of layer l follow layer_geometry(l) instead, which the
+  // attention and write arguments of that layer must carry; without one the two are equal.
   const CacheGeometry& geometry() const { return geom_; }
+  const CacheGeometry& layer_geometry(int layer) const { return layer_geom_[static_cast<size_t>(layer)]; }
   const QuantSpec& spec() const { return cfg_.spec; }
 
   // A new empty sequence. `sink_tokens` < 0 takes spec.sink_tokens; a larger value keeps a whole
@@ -177,10 +181,12 @@ class PagedKvCache {
   void write_main_page(Sequence& s, int layer, int block, int slot0, int slot1, const float* k,
                        const float* v);
   SeqId new_sequence_id();
+  CacheGeometry plane_geom(int layer, int kv) const { return layer_geom_[static_cast<size_t>(layer)].plane(kv); }
   float* block_amax(int layer, int kv, int32_t page, int head);
 
   CacheConfig cfg_;
   CacheGeometry geom_;
+  std::vector<CacheGeometry> layer_geom_;  // [layer]: its K format, V format (mixed_kv when they differ)
   BlockPool pool_, sink_pool_;
   std::vector<Planes> layers_;
   std::vector<Sequence> seqs_;

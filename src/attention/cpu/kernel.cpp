@@ -58,9 +58,10 @@ Status check_problem(const Problem& p, const float* q, const float* out) {
                        " is not supported; the CPU backend takes 8..256 in multiples of 8");
   if (g.block_size != 16 && g.block_size != 32)
     return unsupported("attention: block_size " + str(g.block_size) + " is not supported; use 16 or 32");
-  if (!format_traits(g.format).cache_ready)
-    return unsupported(std::string("attention: the CPU backend does not read ") + format_name(g.format) +
-                       " caches yet; use int8 or fp8");
+  for (int kv = 0; kv < 2; ++kv)
+    if (!format_traits(g.plane_format(kv)).cache_ready)
+      return unsupported(std::string("attention: the CPU backend does not read ") + format_name(g.plane_format(kv)) +
+                         " caches yet; use int8 or fp8");
   if (g.num_pages < 0 || g.num_sink_pages < 0)
     return invalid_argument("attention: negative page count in the cache geometry");
   if (p.num_q_heads < 1 || p.num_q_heads % g.num_kv_heads != 0)
@@ -101,25 +102,31 @@ Status check_problem(const Problem& p, const float* q, const float* out) {
   if (any_quantized) {
     if (p.layer.k_codes == nullptr || p.layer.v_codes == nullptr)
       return invalid_argument("attention: the layer's K/V code planes are null");
-    if (g.has_scales() && (p.layer.k_scales == nullptr || p.layer.v_scales == nullptr))
-      return invalid_argument(std::string("attention: format ") + format_name(g.format) +
-                              " needs scale planes, but the layer's K/V scale pointers are null");
+    for (int kv = 0; kv < 2; ++kv)
+      if (g.plane(kv).has_scales() && (kv == 0 ? p.layer.k_scales : p.layer.v_scales) == nullptr)
+        return invalid_argument(std::string("attention: format ") + format_name(g.plane_format(kv)) +
+                                " needs scale planes, but the layer's " + (kv == 0 ? "K" : "V") +
+                                " scale pointer is null");
   }
   return Status::ok();
 }
 
-TileLoader::TileLoader(const Problem& p) : p_(p) {
-  const Format f = p.geom.format;
-  for (int c = 0; c < 256; ++c)
-    lut_[c] = (is_quantized(f) && format_bits(f) == 8) ? decode_byte(f, static_cast<uint8_t>(c)) : 0.f;
+TileLoader::TileLoader(const Problem& p)
+    : p_(p), k_scaled_(p.geom.plane(0).has_scales()), v_scaled_(p.geom.plane(1).has_scales()) {
+  for (int kv = 0; kv < 2; ++kv) {
+    const Format f = p.geom.plane_format(kv);
+    for (int c = 0; c < 256; ++c)
+      lut_[kv][c] = (is_quantized(f) && format_bits(f) == 8) ? decode_byte(f, static_cast<uint8_t>(c)) : 0.f;
+  }
 }
 
-void TileLoader::decode_row(const uint8_t* plane, size_t elem, float* out) const {
+void TileLoader::decode_row(int kv, const uint8_t* plane, size_t elem, float* out) const {
   const int d = p_.geom.head_dim;
-  switch (p_.geom.format) {
+  const Format f = p_.geom.plane_format(kv);
+  switch (f) {
     case Format::kBf16:
     case Format::kFp16: {
-      const bool bf16 = p_.geom.format == Format::kBf16;
+      const bool bf16 = f == Format::kBf16;
       const uint8_t* src = plane + elem * 2;
       for (int i = 0; i < d; ++i) {
         // Little-endian 2-byte values in a byte plane (as quant::quantize_row stores them).
@@ -130,7 +137,7 @@ void TileLoader::decode_row(const uint8_t* plane, size_t elem, float* out) const
     }
     default: {
       const uint8_t* src = plane + elem;
-      for (int i = 0; i < d; ++i) out[i] = lut_[src[i]];
+      for (int i = 0; i < d; ++i) out[i] = lut_[kv][src[i]];
     }
   }
 }
@@ -167,13 +174,11 @@ void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const 
   for (int u = 0; u < n; ++u) {
     const int page = row[u / bs], slot = u % bs;
     const size_t e = g.elem_index(page, head, slot);
-    decode_row(p_.layer.k_codes, e, &tile.k[static_cast<size_t>(u) * d]);
-    decode_row(p_.layer.v_codes, e, &tile.v[static_cast<size_t>(u) * d]);
-    if (g.has_scales()) {
-      const size_t si = g.scale_index(page, head, slot);
-      tile.k_scale[u] = p_.layer.k_scales[si];
-      tile.v_scale[u] = p_.layer.v_scales[si];
-    }
+    decode_row(0, p_.layer.k_codes, e, &tile.k[static_cast<size_t>(u) * d]);
+    decode_row(1, p_.layer.v_codes, e, &tile.v[static_cast<size_t>(u) * d]);
+    const size_t si = g.scale_index(page, head, slot);
+    if (k_scaled_) tile.k_scale[u] = p_.layer.k_scales[si];
+    if (v_scaled_) tile.v_scale[u] = p_.layer.v_scales[si];
   }
 }
 

@@ -52,9 +52,11 @@ class TileLoader {
   void load_quantized(int seq, int head, int n, PartTile& tile) const;
 
  private:
-  void decode_row(const uint8_t* plane, size_t elem, float* out) const;
+  // kv 0 = K, 1 = V: a layer of a per-layer mix may store them in different formats.
+  void decode_row(int kv, const uint8_t* plane, size_t elem, float* out) const;
   const Problem& p_;
-  float lut_[256];  // byte code -> value for the 8-bit formats
+  bool k_scaled_, v_scaled_;
+  float lut_[2][256];  // byte code -> value for the 8-bit formats, K and V
 };
 
 // Attends query `q` to the first `n_visible` tokens of `tile`. `logits` is scratch of >= n floats.
