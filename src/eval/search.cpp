@@ -276,6 +276,10 @@ std::string search_json_extra(const SearchReport& r) {
   s["bf16_bytes_per_token"] = r.baseline.bytes_per_token;
   for (const SpecResult& u : r.uniform)
     s["uniform"][u.label] = {{"bytes_per_token", u.bytes_per_token}, {"kl_mean", u.kl_mean}};
+  json names = json::array();
+  for (Format f : r.candidates) names.push_back(format_name(f));
+  s["sensitivity_formats"] = names;
+  s["sensitivity_kl"] = r.plane_kl;  // [2 * layer + kv][candidate]
   s["sensitivity_ctx"] = r.sens_ctx;
   s["verify_ctx"] = r.verify_ctx;
   j["search"] = s;

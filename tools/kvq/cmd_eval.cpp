@@ -194,6 +194,8 @@ int run_eval_cmd(const EvalCli& o) {
   const std::string& model_path = run.value().model_path;
   const model::Model& m = *run.value().model;
   backend::Backend* be = run.value().backend.get();
+  for (const eval::SpecRequest& r : specs.value())
+    if (Status st = check_plane_formats(r.spec, m.config().n_layers); !st.is_ok()) return fail("--kv-config", st);
 
   // Only the start of a long text file is read: what the window budget can use (whole when 0).
   const int64_t budget = o.max_tokens > 0 ? std::max<int64_t>(o.max_tokens, o.ctx > 0 ? o.ctx : 2048) : 0;
@@ -229,8 +231,6 @@ int run_eval_cmd(const EvalCli& o) {
   std::printf("text   %s: %zu bytes, %zu tokens\n", text.value().source.c_str(), text.value().text.size(),
               ids.size());
 
-  for (const eval::SpecRequest& r : specs.value())
-    if (Status st = check_plane_formats(r.spec, m.config().n_layers); !st.is_ok()) return fail("--kv-config", st);
   if (o.search) return run_search_cmd(o, m, ids, eo, specs.value().front().spec, search_out, o.quiet);
 
   if (!o.dump_logits.empty()) {

@@ -44,7 +44,7 @@ struct SearchOptions {
   EvalOptions sensitivity;        // windows of the per-plane runs (short: 2 * layers * candidates lanes)
   EvalOptions verify;             // windows of the verification runs
   int max_rounds = 3;             // verification runs of the mix, at most
-  int lanes_per_pass = 16;        // sensitivity lanes forwarded together (each holds an engine)
+  int lanes_per_pass = 32;        // sensitivity lanes forwarded together (each holds an engine)
 };
 
 struct SearchRound {
