@@ -8,6 +8,7 @@
 
 #include "kvq/attention/synthetic.h"
 #include "kvq/cache/paged_cache.h"
+#include "cache/cache_test_util.h"
 
 namespace kvq::cache {
 namespace {
@@ -116,12 +117,8 @@ INSTANTIATE_TEST_SUITE_P(Granularities, MixedCache,
                                            ScaleGranularity::kPerTensor));
 
 TEST(MixedCacheConfig, RefusesAWrongLayerCount) {
-  CacheConfig c;
-  c.num_layers = 2;
-  c.num_kv_heads = 1;
-  c.head_dim = 16;
-  c.num_pages = 4;
-  c.spec.sink_tokens = 0;
+  CacheConfig c = testing::make_config(Format::kInt8, ScaleGranularity::kPerTokenHead, 16, /*layers=*/2, 1, 16,
+                                       /*pages=*/4, 0, 0);
   c.spec.plane_formats = kMix;  // three layers
   auto r = PagedKvCache::create(c);
   ASSERT_FALSE(r.is_ok());
