@@ -469,7 +469,7 @@ void PagedKvCache::write_outlier_rows(int layer, int kv, int32_t page, int h, in
   float thr[kMaxHeadDim];
   for (int i = 0; i < d; ++i) thr[i] = cs.threshold(h * d + i);
   for (int t = slot0; t < slot1; ++t) {
-    const int room = geom_.outlier_capacity - static_cast<int>(entries.size());
+    const int room = quant::fair_share(geom_.outlier_capacity - static_cast<int>(entries.size()), geom_.block_size - t);
     const quant::OutlierStats st = quant::quantize_row_outliers(row(t), d, thr, t, room, codes + geom_.code_offset(page, h, t),
                                                                 &scales[geom_.scale_index(page, h, t)], &entries);
     stats_.values += st.values, stats_.nonfinite += st.nonfinite, stats_.saturated += st.clipped;

@@ -35,6 +35,12 @@ OutlierStats quantize_row_outliers(const float* x, int d, const float* threshold
                                    uint8_t* codes, float* scale, std::vector<OutlierEntry>* entries) {
   OutlierStats st;
   st.values = static_cast<uint64_t>(d);
+  // The head's threshold: the same multiple of the RMS over all its channels. A channel that is
+  // large in every token is no outlier of its own distribution, but it is what sets a per-token
+  // scale: min(channel, head) flags both rare spikes and such channels.
+  double head_sq = 0;
+  for (int i = 0; i < d; ++i) head_sq += static_cast<double>(thresholds[i]) * thresholds[i];
+  const float head = static_cast<float>(std::sqrt(head_sq / d));  // +inf while any channel warms up
   int cand[256];  // head_dim <= 256
   int n_cand = 0;
   for (int i = 0; i < d; ++i) {
@@ -42,15 +48,16 @@ OutlierStats quantize_row_outliers(const float* x, int d, const float* threshold
       ++st.nonfinite;
       continue;
     }
-    if (abs_value(x[i]) > thresholds[i]) cand[n_cand++] = i;
+    if (abs_value(x[i]) > std::min(thresholds[i], head)) cand[n_cand++] = i;
   }
   std::stable_sort(cand, cand + n_cand, [&](int a, int b) { return abs_value(x[a]) > abs_value(x[b]); });
   const int kept = std::clamp(room, 0, n_cand);
   st.outliers = static_cast<uint64_t>(kept);
   st.overflowed = static_cast<uint64_t>(n_cand - kept);
-  // 0 inlier, 1 kept, 2 overflowed
+  // 1: kept as an entry. Overflowed candidates stay ordinary values: they enter the amax, so the
+  // row is then plain int4 (never worse), and only the count tells.
   uint8_t role[256] = {};
-  for (int j = 0; j < n_cand; ++j) role[cand[j]] = j < kept ? 1 : 2;
+  for (int j = 0; j < kept; ++j) role[cand[j]] = 1;
 
   float amax = 0.f;
   for (int i = 0; i < d; ++i)
@@ -70,12 +77,17 @@ OutlierStats quantize_row_outliers(const float* x, int d, const float* threshold
   return st;
 }
 
+int fair_share(int free_entries, int rows_left) {
+  if (free_entries <= 0 || rows_left <= 0) return 0;
+  return (free_entries + rows_left - 1) / rows_left;
+}
+
 OutlierStats quantize_page_head(const float* x, int n, int d, const float* thresholds, int capacity, uint8_t* codes,
                                 float* scales, std::vector<OutlierEntry>* entries) {
   OutlierStats total;
   entries->clear();
   for (int t = 0; t < n; ++t) {
-    const int room = capacity - static_cast<int>(entries->size());
+    const int room = fair_share(capacity - static_cast<int>(entries->size()), n - t);
     const OutlierStats r = quantize_row_outliers(x + static_cast<size_t>(t) * d, d, thresholds, t, room,
                                                  codes + static_cast<size_t>(t) * d / 2, &scales[t], entries);
     total.values += r.values, total.outliers += r.outliers, total.overflowed += r.overflowed;

@@ -26,7 +26,7 @@ int nibble(uint8_t byte, int which) {
 TEST(Int4Cache, PackedPlanesMatchAFloat64Reference) {
   constexpr auto kToken = ScaleGranularity::kPerTokenHead;
   const int layers = 2, heads = 3, dim = 40, bs = 16, pages = 12;
-  auto created = PagedKvCache::create(make_config(Format::kInt4, kToken, bs, layers, heads, dim, pages, 2, 16));
+  auto created = PagedKvCache::create(make_config(Format::kInt4, kToken, bs, layers, heads, dim, pages, 4, 16));
   ASSERT_TRUE(created.is_ok()) << created.status().to_string();
   PagedKvCache& c = *created.value();
   const CacheGeometry& g = c.geometry();

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -59,7 +60,7 @@ TEST_P(PageHead, MatchesFloat64Reference) {
   std::vector<float> x = heavy_rows(rng, n, d);
   x[5] = std::numeric_limits<float>::infinity();
   x[77] = std::numeric_limits<float>::quiet_NaN();
-  x[300] = 1e6f;  // beyond fp16: kept saturated while there is room, else clipped
+  x[300] = 1e6f;  // beyond fp16: kept saturated while there is room
   std::vector<float> thr(d);
   for (int i = 0; i < d; ++i) thr[i] = i % 16 == 3 ? 24.f : 4.f;
 
@@ -68,21 +69,29 @@ TEST_P(PageHead, MatchesFloat64Reference) {
   std::vector<OutlierEntry> entries;
   const OutlierStats st = quantize_page_head(x.data(), n, d, thr.data(), capacity, codes.data(), scales.data(), &entries);
 
-  // Reference: rows in slot order; a row's candidates by |x| descending (stable), while room lasts.
-  std::vector<int> role(size_t(n) * d, 0);  // 0 inlier, 1 kept, 2 overflowed
+  // Reference: a value is a candidate beyond min(its channel's threshold, the head's: the RMS of
+  // all thresholds); rows in slot order take candidates by |x| descending (stable), row t at most
+  // ceil(free / rows left) of them. Overflowed candidates are ordinary values.
+  double head_sq = 0;
+  for (int i = 0; i < d; ++i) head_sq += double(thr[i]) * thr[i];
+  const double head = std::sqrt(head_sq / d);
+  std::vector<int> role(size_t(n) * d, 0);  // 0 ordinary, 1 kept
   std::vector<int> cand_all, kept_elems;
   for (int t = 0; t < n; ++t) {
     std::vector<int> cand;
     for (int i = 0; i < d; ++i) {
       const int e = t * d + i;
-      if (std::isfinite(x[e]) && std::fabs(double(x[e])) > thr[i]) cand.push_back(e);
+      if (std::isfinite(x[e]) && std::fabs(double(x[e])) > std::min(double(thr[i]), head)) cand.push_back(e);
     }
     std::stable_sort(cand.begin(), cand.end(), [&](int a, int b) { return std::fabs(double(x[a])) > std::fabs(double(x[b])); });
-    for (int e : cand) {
-      const bool room = int(kept_elems.size()) < capacity;
-      role[size_t(e)] = room ? 1 : 2;
-      if (room) kept_elems.push_back(e);
-      cand_all.push_back(e);
+    const int free_entries = capacity - int(kept_elems.size()), rows_left = n - t;
+    const int share = free_entries > 0 ? (free_entries + rows_left - 1) / rows_left : 0;
+    for (size_t j = 0; j < cand.size(); ++j) {
+      if (int(j) < share) {
+        role[size_t(cand[j])] = 1;
+        kept_elems.push_back(cand[j]);
+      }
+      cand_all.push_back(cand[j]);
     }
   }
   const size_t kept = kept_elems.size();
@@ -117,6 +126,7 @@ TEST_P(PageHead, MatchesFloat64Reference) {
     }
   }
   EXPECT_EQ(st.clipped, clipped);
+  EXPECT_EQ(clipped, 0u) << "every value that is not an entry is inside its row's range";
 
   std::vector<float> y(size_t(n) * d);
   for (int t = 0; t < n; ++t) dequantize_row(Format::kInt4, codes.data() + size_t(t) * d / 2, d, scales[t], y.data() + size_t(t) * d);

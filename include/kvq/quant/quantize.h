@@ -25,7 +25,7 @@ struct QuantStats {
   uint64_t saturated = 0;  // finite values clipped to qmax (only per_tensor can clip)
   uint64_t requantized_page_heads = 0;  // per_block_head growth events
   uint64_t outliers = 0;          // int4_outlier: values kept as sparse fp16 entries
-  uint64_t outlier_overflow = 0;  // int4_outlier: outliers beyond a page head's capacity, clipped into int4
+  uint64_t outlier_overflow = 0;  // int4_outlier: candidates beyond a row's share, left as int4 values
   void merge(const QuantStats& o) {
     values += o.values; nonfinite += o.nonfinite; saturated += o.saturated;
     requantized_page_heads += o.requantized_page_heads;
