@@ -51,7 +51,7 @@ void apply_gate(std::vector<SpecResult>& results, double gate) {
 }
 
 bool same_cache(const QuantSpec& a, const QuantSpec& b) {
-  if (a.format != b.format || a.rotation != b.rotation) return false;
+  if (a.format != b.format || a.rotation != b.rotation || a.outliers != b.outliers) return false;
   if (!a.quantized()) return true;
   return a.granularity == b.granularity && a.scale_dtype == b.scale_dtype && a.block_size == b.block_size &&
          a.sink_tokens == b.sink_tokens;

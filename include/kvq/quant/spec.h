@@ -38,6 +38,8 @@ struct QuantSpec {
   int sink_tokens = 256;   // first N tokens of each sequence kept in bf16; 0 disables
                            // (0 ..= kMaxSinkTokens)
   KvRotation rotation = KvRotation::kNone;  // applies to every format (bf16 included)
+  // int4_outlier: int4 per_token_head codes plus a per-page sparse fp16 plane (quant/outlier.h).
+  bool outliers = false;
 
   bool quantized() const { return is_quantized(format); }
   // e.g. "fp8_e4m3/per_token_head/b16/sink256"; unquantized formats omit the granularity
@@ -47,7 +49,7 @@ struct QuantSpec {
 
 // Strings as the user typed them on the command line.
 struct QuantOptions {
-  std::string kv_cache_dtype = "auto";  // auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8
+  std::string kv_cache_dtype = "auto";  // auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8|int4|int4_outlier
   std::string granularity = "per_token_head";
   std::string scale_dtype = "fp32";
   int block_size = 16;
@@ -58,7 +60,8 @@ struct QuantOptions {
 // `auto_format` is what `auto` resolves to on this machine (see hardware probe, DESIGN §7).
 // Accepted values (anything else is kInvalidArgument naming the accepted ones):
 //   kv_cache_dtype: auto | bf16 (bfloat16) | fp16 (float16) | fp8 == fp8_e4m3 (OCP) |
-//                   fp8_fnuz (== fp8_e4m3_fnuz, AMD) | int8;  int4, int4_kivi, fp8_e5m2 -> kUnsupported
+//                   fp8_fnuz (== fp8_e4m3_fnuz, AMD) | int8 | int4 | int4_outlier (int4 + outliers,
+//                   per_token_head only);  int4_kivi, fp8_e5m2 -> kUnsupported
 //   granularity:    per_tensor | per_token_head | per_block_head
 //   scale_dtype:    fp32 (float32);  fp16 -> kUnsupported
 //   block_size:     16 | 32;   sink_tokens: 0 ..= kMaxSinkTokens;   rotate: none | hadamard

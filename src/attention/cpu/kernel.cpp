@@ -7,7 +7,9 @@
 
 #include <cblas.h>
 
+#include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
+#include "kvq/quant/outlier.h"
 
 namespace kvq::attention::cpu::detail {
 namespace {
@@ -60,7 +62,7 @@ Status check_problem(const Problem& p, const float* q, const float* out) {
     return unsupported("attention: block_size " + str(g.block_size) + " is not supported; use 16 or 32");
   if (!format_traits(g.format).cache_ready)
     return unsupported(std::string("attention: the CPU backend does not read ") + format_name(g.format) +
-                       " caches yet; use int8 or fp8");
+                       " caches yet; use int8, int4 or fp8");
   if (g.num_pages < 0 || g.num_sink_pages < 0)
     return invalid_argument("attention: negative page count in the cache geometry");
   if (p.num_q_heads < 1 || p.num_q_heads % g.num_kv_heads != 0)
@@ -101,6 +103,8 @@ Status check_problem(const Problem& p, const float* q, const float* out) {
   if (any_quantized) {
     if (p.layer.k_codes == nullptr || p.layer.v_codes == nullptr)
       return invalid_argument("attention: the layer's K/V code planes are null");
+    if (g.outlier_capacity > 0 && (p.layer.k_outliers == nullptr || p.layer.v_outliers == nullptr))
+      return invalid_argument("attention: the cache has outlier side planes but the layer's pointers to them are null");
     if (g.has_scales() && (p.layer.k_scales == nullptr || p.layer.v_scales == nullptr))
       return invalid_argument(std::string("attention: format ") + format_name(g.format) +
                               " needs scale planes, but the layer's K/V scale pointers are null");
@@ -114,13 +118,13 @@ TileLoader::TileLoader(const Problem& p) : p_(p) {
     lut_[c] = (is_quantized(f) && format_bits(f) == 8) ? decode_byte(f, static_cast<uint8_t>(c)) : 0.f;
 }
 
-void TileLoader::decode_row(const uint8_t* plane, size_t elem, float* out) const {
+void TileLoader::decode_row(const uint8_t* plane, size_t offset, float* out) const {
   const int d = p_.geom.head_dim;
+  const uint8_t* src = plane + offset;
   switch (p_.geom.format) {
     case Format::kBf16:
     case Format::kFp16: {
       const bool bf16 = p_.geom.format == Format::kBf16;
-      const uint8_t* src = plane + elem * 2;
       for (int i = 0; i < d; ++i) {
         // Little-endian 2-byte values in a byte plane (as quant::quantize_row stores them).
         const uint16_t bits = static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8));
@@ -128,10 +132,14 @@ void TileLoader::decode_row(const uint8_t* plane, size_t elem, float* out) const
       }
       break;
     }
-    default: {
-      const uint8_t* src = plane + elem;
+    case Format::kInt4:
+      for (int i = 0; i < d; i += 2) {
+        out[i] = static_cast<float>(format::unpack_int4_lo(src[i / 2]));
+        out[i + 1] = static_cast<float>(format::unpack_int4_hi(src[i / 2]));
+      }
+      break;
+    default:
       for (int i = 0; i < d; ++i) out[i] = lut_[src[i]];
-    }
   }
 }
 
@@ -166,13 +174,25 @@ void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const 
   const int32_t* row = p_.tables.block_tables + static_cast<size_t>(seq) * p_.tables.max_blocks;
   for (int u = 0; u < n; ++u) {
     const int page = row[u / bs], slot = u % bs;
-    const size_t e = g.elem_index(page, head, slot);
-    decode_row(p_.layer.k_codes, e, &tile.k[static_cast<size_t>(u) * d]);
-    decode_row(p_.layer.v_codes, e, &tile.v[static_cast<size_t>(u) * d]);
+    const size_t off = g.code_offset(page, head, slot);
+    decode_row(p_.layer.k_codes, off, &tile.k[static_cast<size_t>(u) * d]);
+    decode_row(p_.layer.v_codes, off, &tile.v[static_cast<size_t>(u) * d]);
     if (g.has_scales()) {
       const size_t si = g.scale_index(page, head, slot);
       tile.k_scale[u] = p_.layer.k_scales[si];
       tile.v_scale[u] = p_.layer.v_scales[si];
+    }
+    if (g.outlier_capacity > 0) {
+      // A sparse entry holds the value itself; the tile holds codes that the scale multiplies later.
+      for (int kv = 0; kv < 2; ++kv) {
+        const uint32_t* plane = (kv == 0 ? p_.layer.k_outliers : p_.layer.v_outliers) + g.outlier_index(page, head);
+        float* row_out = &(kv == 0 ? tile.k : tile.v)[static_cast<size_t>(u) * d];
+        const float scale = kv == 0 ? tile.k_scale[u] : tile.v_scale[u];
+        for (uint32_t j = 0; j < plane[0]; ++j) {
+          const quant::OutlierEntry e = quant::unpack_outlier(plane[1 + j]);
+          if (e.index / d == slot) row_out[e.index % d] = format::fp16_to_float(e.value) / scale;
+        }
+      }
     }
   }
 }

@@ -52,7 +52,7 @@ class TileLoader {
   void load_quantized(int seq, int head, int n, PartTile& tile) const;
 
  private:
-  void decode_row(const uint8_t* plane, size_t elem, float* out) const;
+  void decode_row(const uint8_t* plane, size_t offset, float* out) const;  // offset: CacheGeometry::code_offset
   const Problem& p_;
   float lut_[256];  // byte code -> value for the 8-bit formats
 };
