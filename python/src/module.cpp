@@ -92,6 +92,7 @@ std::optional<nb::object> plane(KvCache& c, int layer, int kv, Plane which) {
     case Plane::kCodes: {
       uint8_t* p = kv == 0 ? v.k_codes : v.v_codes;
       if (format_bits(g.format) == 16) return plane_view(c, p, kU16, {P, H, B, D});
+      if (format_bits(g.format) == 4) return plane_view(c, p, kU8, {P, H, B, D / 2});  // two codes per byte
       return plane_view(c, p, kU8, {P, H, B, D});
     }
     case Plane::kScales: {

@@ -12,6 +12,7 @@ CacheGeometry geometry_of(const QuantSpec& spec, int num_layers, int num_kv_head
   g.num_pages = 1;
   g.format = spec.format;
   g.granularity = spec.granularity;
+  g.outlier_capacity = outlier_capacity_of(spec);
   return g;
 }
 
@@ -29,7 +30,7 @@ size_t bytes_per_page(const QuantSpec& spec, int num_layers, int num_kv_heads, i
   for (int l = 0; l < num_layers; ++l) {
     for (int kv = 0; kv < 2; ++kv) {
       g.format = spec.plane_format(l, kv);
-      total += g.bytes_per_page() + g.scales_per_page() * sizeof(float);
+      total += g.bytes_per_page() + g.scales_per_page() * sizeof(float) + g.outlier_words_per_page() * sizeof(uint32_t);
     }
   }
   return total;

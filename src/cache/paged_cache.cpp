@@ -7,6 +7,9 @@
 #include <new>
 #include <string>
 
+#include "kvq/format/bf16.h"
+#include "kvq/quant/outlier.h"
+
 namespace kvq::cache {
 namespace {
 Status no_planes(const std::string& what) {
@@ -51,6 +54,10 @@ Status validate(const CacheConfig& cfg) {
     return unsupported(std::string(format_name(sp.format)) + " KV cache not implemented yet; use int8 or fp8");
   }
   if (sp.scale_dtype != ScaleDtype::kFp32) return unsupported("fp16 scale planes are not implemented yet; use fp32");
+  if (sp.outliers && sp.mixed())
+    return unsupported("int4_outlier is not available in a per-layer config; use int4 there");
+  if (sp.outliers && (sp.format != Format::kInt4 || sp.granularity != ScaleGranularity::kPerTokenHead))
+    return unsupported("outlier side planes (int4_outlier) go with int4 per_token_head scales only");
   if (sp.granularity != ScaleGranularity::kPerTensor && sp.granularity != ScaleGranularity::kPerTokenHead &&
       sp.granularity != ScaleGranularity::kPerBlockHead) {
     return invalid_argument("unknown scale granularity value " + std::to_string(static_cast<int>(sp.granularity)));
@@ -89,6 +96,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
   g.num_sink_pages = cfg.num_sink_pages;
   g.format = cfg.spec.format;
   g.granularity = cfg.spec.granularity;
+  g.outlier_capacity = outlier_capacity_of(cfg.spec);
   for (int l = 0; l < g.num_layers; ++l) {
     CacheGeometry lg = g;
     lg.format = cfg.spec.plane_format(l, 0);
@@ -104,7 +112,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
       const CacheGeometry pg = lg.plane(kv);
       total += static_cast<double>(pg.elems_per_page()) * format_bits(pg.format) / 8 * pg.num_pages +
                static_cast<double>(pg.elems_per_page()) * 2 * pg.num_sink_pages +
-               static_cast<double>(pg.scales_per_page()) * 4 * pg.num_pages;
+               static_cast<double>(pg.scales_per_page()) * 4 * pg.num_pages + static_cast<double>(pg.outlier_plane_bytes());
     }
   }
   constexpr double kLimit = 1ull << 46;  // 64 TiB: beyond any host this runs on
@@ -129,7 +137,11 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
       p.v_scales.resize(vg.scale_plane_bytes() / sizeof(float));
       p.k_sink.resize(g.sink_plane_bytes() / sizeof(uint16_t));
       p.v_sink.resize(g.sink_plane_bytes() / sizeof(uint16_t));
+      p.k_outliers.resize(g.outlier_plane_bytes() / sizeof(uint32_t));
+      p.v_outliers.resize(g.outlier_plane_bytes() / sizeof(uint32_t));
     }
+    if (g.outlier_capacity > 0)
+      c->channel_stats_.assign(static_cast<size_t>(g.num_layers) * 2, quant::ChannelStats(g.num_kv_heads * g.head_dim));
     if (cfg.spec.quantized() && g.granularity == ScaleGranularity::kPerBlockHead) {
       c->block_amax_.assign(static_cast<size_t>(g.num_layers) * 2 * g.num_pages * g.num_kv_heads, 0.f);
     }
@@ -313,6 +325,11 @@ Status PagedKvCache::copy_page(bool sink, int32_t from, int32_t to) {
       float* scales = kv == 0 ? p.k_scales.data() : p.v_scales.data();
       if (ns > 0) std::memcpy(scales + ns * to, scales + ns * from, ns * sizeof(float));
     }
+    const size_t nw = geom_.outlier_words_per_page();
+    if (nw > 0) {
+      std::memcpy(p.k_outliers.data() + nw * to, p.k_outliers.data() + nw * from, nw * sizeof(uint32_t));
+      std::memcpy(p.v_outliers.data() + nw * to, p.v_outliers.data() + nw * from, nw * sizeof(uint32_t));
+    }
     if (!block_amax_.empty()) {
       for (int kv = 0; kv < 2; ++kv) {
         std::memcpy(block_amax(l, kv, to, 0), block_amax(l, kv, from, 0), geom_.num_kv_heads * sizeof(float));
@@ -406,16 +423,17 @@ void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0,
   for (int kv = 0; kv < 2; ++kv) {
     const CacheGeometry g = plane_geom(layer, kv);
     const Format f = g.format;
-    const int bits = format_bits(f);
     const float* src = kv == 0 ? k : v;
     uint8_t* codes = kv == 0 ? pl.k_codes.data() : pl.v_codes.data();
     float* scales = kv == 0 ? pl.k_scales.data() : pl.v_scales.data();
     for (int h = 0; h < heads; ++h) {
       auto row = [&](int slot) { return src + static_cast<size_t>(slot - slot0) * row_stride + static_cast<size_t>(h) * d; };
-      auto dst = [&](int slot) { return codes + g.elem_index(page, h, slot) * bits / 8; };
+      auto dst = [&](int slot) { return codes + g.code_offset(page, h, slot); };
       if (!g.has_scales() || g.granularity == ScaleGranularity::kPerTensor) {
         const float scale = g.has_scales() ? scales[0] : 1.0f;
         for (int t = slot0; t < slot1; ++t) quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
+      } else if (g.outlier_capacity > 0) {
+        write_outlier_rows(layer, kv, page, h, slot0, slot1, filled, row);
       } else if (g.granularity == ScaleGranularity::kPerTokenHead) {
         for (int t = slot0; t < slot1; ++t) {
           const float scale = quant::scale_for_amax(f, quant::finite_amax(row(t), d));
@@ -448,6 +466,37 @@ void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0,
       }
     }
   }
+}
+
+// int4_outlier rows of one page head (quant/outlier.h has the rule). Entries of the slots being
+// written, and of slots past the page head's data (left by an earlier owner of the page or by a
+// truncation), are dropped first; the kept ones stay in write order.
+void PagedKvCache::write_outlier_rows(int layer, int kv, int32_t page, int h, int slot0, int slot1, int filled,
+                                      const std::function<const float*(int)>& row) {
+  const int d = geom_.head_dim;
+  Planes& pl = layers_[static_cast<size_t>(layer)];
+  uint8_t* codes = kv == 0 ? pl.k_codes.data() : pl.v_codes.data();
+  float* scales = kv == 0 ? pl.k_scales.data() : pl.v_scales.data();
+  uint32_t* plane = (kv == 0 ? pl.k_outliers.data() : pl.v_outliers.data()) + geom_.outlier_index(page, h);
+  uint32_t* words = plane + 1;  // plane[0]: the count
+  std::vector<quant::OutlierEntry> entries;
+  for (uint32_t j = 0; j < plane[0]; ++j) {
+    const quant::OutlierEntry e = quant::unpack_outlier(words[j]);
+    const int slot = e.index / d;
+    if (slot < filled && (slot < slot0 || slot >= slot1)) entries.push_back(e);
+  }
+  const quant::ChannelStats& cs = channel_stats_[static_cast<size_t>(layer) * 2 + kv];
+  float thr[kMaxHeadDim];
+  for (int i = 0; i < d; ++i) thr[i] = cs.threshold(h * d + i);
+  for (int t = slot0; t < slot1; ++t) {
+    const int room = quant::fair_share(geom_.outlier_capacity - static_cast<int>(entries.size()), geom_.block_size - t);
+    const quant::OutlierStats st = quant::quantize_row_outliers(row(t), d, thr, t, room, codes + geom_.code_offset(page, h, t),
+                                                                &scales[geom_.scale_index(page, h, t)], &entries);
+    stats_.values += st.values, stats_.nonfinite += st.nonfinite, stats_.saturated += st.clipped;
+    stats_.outliers += st.outliers, stats_.outlier_overflow += st.overflowed;
+  }
+  plane[0] = static_cast<uint32_t>(entries.size());
+  for (size_t j = 0; j < entries.size(); ++j) words[j] = quant::pack_outlier(entries[j]);
 }
 
 Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const float* v, int n_tokens) {
@@ -507,6 +556,10 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
     const int t0 = std::max(pos0, cap);
     const float* k0 = k + static_cast<size_t>(t0 - pos0) * row_stride;
     const float* v0 = v + static_cast<size_t>(t0 - pos0) * row_stride;
+    if (geom_.outlier_capacity > 0) {  // the statistics see a write before its rows are judged
+      channel_stats_[static_cast<size_t>(layer) * 2].update(k0, end - t0);
+      channel_stats_[static_cast<size_t>(layer) * 2 + 1].update(v0, end - t0);
+    }
     if (geom_.granularity == ScaleGranularity::kPerTensor) {
       // The layer's scale is fixed by the first write reaching the quantized pages.
       const size_t n = static_cast<size_t>(end - t0) * row_stride;
@@ -579,9 +632,15 @@ Status PagedKvCache::read_token(SeqId seq, int layer, int pos, float* k, float* 
     const float* scales = kv == 0 ? pl.k_scales.data() : pl.v_scales.data();
     float* out = kv == 0 ? k : v;
     for (int h = 0; h < heads; ++h) {
-      const size_t off = g.elem_index(page, h, slot) * format_bits(g.format) / 8;
+      const size_t off = g.code_offset(page, h, slot);
       const float sc = g.has_scales() ? scales[g.scale_index(page, h, slot)] : 1.f;
       quant::dequantize_row(g.format, codes + off, d, sc, out + static_cast<size_t>(h) * d);
+      if (g.outlier_capacity == 0) continue;
+      const uint32_t* plane = (kv == 0 ? pl.k_outliers : pl.v_outliers).data() + g.outlier_index(page, h);
+      for (uint32_t j = 0; j < plane[0]; ++j) {
+        const quant::OutlierEntry e = quant::unpack_outlier(plane[1 + j]);
+        if (e.index / d == slot) out[static_cast<size_t>(h) * d + e.index % d] = format::fp16_to_float(e.value);
+      }
     }
   }
   return Status::ok();
@@ -643,6 +702,10 @@ LayerView PagedKvCache::layer_view(int layer) {
     view.k_sink = p.k_sink.data();
     view.v_sink = p.v_sink.data();
   }
+  if (geom_.outlier_capacity > 0) {
+    view.k_outliers = p.k_outliers.data();
+    view.v_outliers = p.v_outliers.data();
+  }
   return view;
 }
 
@@ -687,6 +750,7 @@ MemoryReport PagedKvCache::memory_report() const {
     r.code_bytes += p.k_codes.size() + p.v_codes.size();
     r.scale_bytes += (p.k_scales.size() + p.v_scales.size()) * sizeof(float);
     r.sink_bytes += (p.k_sink.size() + p.v_sink.size()) * sizeof(uint16_t);
+    r.outlier_bytes += (p.k_outliers.size() + p.v_outliers.size()) * sizeof(uint32_t);
   }
   r.pages_used = pool_.num_pages() - pool_.num_free();
   r.sink_pages_used = sink_pool_.num_pages() - sink_pool_.num_free();

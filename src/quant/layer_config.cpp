@@ -14,9 +14,11 @@ Result<Format> plane_dtype(const json& entry, const char* key, size_t layer, con
   if (!entry.is_object()) return invalid_argument(where + " must be an object like {\"k\": \"int8\", \"v\": \"fp8\"}");
   auto it = entry.find(key);
   if (it == entry.end() || !it->is_string())
-    return invalid_argument(where + " has no \"" + key + "\" dtype string (bf16, fp16, fp8, fp8_e4m3, fp8_fnuz, int8)");
+    return invalid_argument(where + " has no \"" + key + "\" dtype string (bf16, fp16, fp8, fp8_e4m3, fp8_fnuz, int8, int4)");
   const std::string name = it->get<std::string>();
   if (name == "auto") return invalid_argument(where + "." + key + ": auto is not a storage dtype here; name one");
+  if (name == "int4_outlier")  // its outlier side planes and statistics are per cache, not per plane
+    return unsupported(where + "." + key + ": int4_outlier is not available per layer; use int4");
   auto f = parse_kv_cache_dtype(name);
   if (!f.is_ok()) return Status(f.status().code(), where + "." + key + ": " + f.status().message());
   return f.value();

@@ -7,7 +7,7 @@
 namespace kvq {
 namespace {
 
-constexpr const char* kDtypeChoices = "auto, bf16, fp16, fp8, fp8_e4m3, fp8_fnuz, int8";
+constexpr const char* kDtypeChoices = "auto, bf16, fp16, fp8, fp8_e4m3, fp8_fnuz, int8, int4, int4_outlier";
 constexpr const char* kGranularityChoices = "per_tensor, per_token_head, per_block_head";
 
 Status check_storable(Format f, std::string_view origin) {
@@ -45,7 +45,7 @@ bool QuantSpec::quantized() const {
 }
 
 std::string QuantSpec::to_string() const {
-  std::string s = format_name(format);
+  std::string s = outliers ? "int4_outlier" : format_name(format);
   if (mixed()) {
     uint32_t h = 2166136261u;  // FNV-1a: a short tag that tells two mixes apart in tables and logs
     for (Format f : plane_formats) h = (h ^ static_cast<uint32_t>(f)) * 16777619u;
@@ -87,9 +87,10 @@ Result<Format> parse_kv_cache_dtype(std::string_view s) {
   if (s == "fp8" || s == "fp8_e4m3") return Format::kFp8E4m3;
   if (s == "fp8_fnuz" || s == "fp8_e4m3_fnuz") return Format::kFp8E4m3Fnuz;
   if (s == "int8") return Format::kInt8;
-  if (s == "int4" || s == "int4_kivi") {
-    return unsupported("int4 KV cache not implemented yet (--kv-cache-dtype " + std::string(s) +
-                       "); use int8 or fp8");
+  if (s == "int4" || s == "int4_outlier") return Format::kInt4;  // int4_outlier: the spec adds the side plane
+  if (s == "int4_kivi") {
+    return unsupported("int4_kivi KV cache not implemented yet (--kv-cache-dtype " + std::string(s) +
+                       "); use int4, int8 or fp8");
   }
   if (s == "fp8_e5m2") {
     return unsupported("--kv-cache-dtype fp8_e5m2 is not supported: kvq stores E4M3, which has one "
@@ -120,11 +121,15 @@ Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format)
     Result<Format> f = parse_kv_cache_dtype(opts.kv_cache_dtype);
     if (!f.is_ok()) return f.status();
     spec.format = f.value();
+    spec.outliers = opts.kv_cache_dtype == "int4_outlier";
   }
 
   Result<ScaleGranularity> g = parse_granularity(opts.granularity);
   if (!g.is_ok()) return g.status();
   spec.granularity = g.value();
+  if (spec.outliers && spec.granularity != ScaleGranularity::kPerTokenHead)
+    return unsupported("--kv-cache-dtype int4_outlier takes --kv-scale-granularity per_token_head only (got " +
+                       opts.granularity + ")");
 
   if (opts.scale_dtype == "fp32" || opts.scale_dtype == "float32") {
     spec.scale_dtype = ScaleDtype::kFp32;

@@ -76,7 +76,6 @@ TEST_F(CpuInvalidArgs, DecodeShapes) {
   expect_decode_rejected([](DecodeArgs& a) { a.geom.head_dim = 12; }, SC::kUnsupported, "head_dim 12");
   expect_decode_rejected([](DecodeArgs& a) { a.geom.head_dim = 512; }, SC::kUnsupported, "head_dim 512");
   expect_decode_rejected([](DecodeArgs& a) { a.geom.block_size = 8; }, SC::kUnsupported, "block 8");
-  expect_decode_rejected([](DecodeArgs& a) { a.geom.format = Format::kInt4; }, SC::kUnsupported, "int4");
   expect_decode_rejected([](DecodeArgs& a) { a.softmax_scale = 0.f; }, SC::kInvalidArgument, "scale 0");
   expect_decode_rejected([](DecodeArgs& a) { a.softmax_scale = std::nanf(""); }, SC::kInvalidArgument, "scale NaN");
   expect_decode_rejected([](DecodeArgs& a) { a.softmax_scale = INFINITY; }, SC::kInvalidArgument, "scale inf");

@@ -23,7 +23,8 @@ class CpuMixedKv : public ::testing::TestWithParam<ScaleGranularity> {};
 TEST_P(CpuMixedKv, DecodeAndPrefillMatchFloat64) {
   const std::vector<Mix> layers = {{Format::kInt8, Format::kFp8E4m3},
                                    {Format::kBf16, Format::kInt8},
-                                   {Format::kFp8E4m3Fnuz, Format::kBf16}};
+                                   {Format::kFp8E4m3Fnuz, Format::kBf16},
+                                   {Format::kInt4, Format::kInt8}};
   SyntheticCacheOptions o;
   o.spec.granularity = GetParam();
   o.spec.sink_tokens = 16;

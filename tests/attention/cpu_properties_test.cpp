@@ -85,7 +85,7 @@ TEST(CpuAttention, SinkMergeEqualsSingleSoftmax) {
 // Where the pages sit must not matter: the same data written in order and scrambled (with holes)
 // gives bit-identical results for formats whose codes do not depend on write chunking.
 TEST(CpuAttention, PagePlacementDoesNotChangeResults) {
-  for (Format f : {Format::kBf16, Format::kFp8E4m3, Format::kInt8}) {
+  for (Format f : {Format::kBf16, Format::kFp8E4m3, Format::kInt8, Format::kInt4}) {
     auto ordered = build_synthetic_cache(small_options(f, 20, false));
     auto scrambled = build_synthetic_cache(small_options(f, 20, true));
     ASSERT_TRUE(ordered.is_ok() && scrambled.is_ok());
@@ -125,7 +125,7 @@ TEST(CpuAttention, BatchCompositionDoesNotChangeResults) {
 // pointing a block table entry at a free, poisoned page) or read past a sequence's end must
 // produce non-finite output.
 TEST(CpuAttention, CanariesCatchWrongReads) {
-  for (Format f : {Format::kBf16, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8}) {
+  for (Format f : {Format::kBf16, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kInt4}) {
     auto built = build_synthetic_cache(small_options(f, 16, true));
     ASSERT_TRUE(built.is_ok());
     cache::PagedKvCache& kv = *built->cache;

@@ -39,18 +39,18 @@ struct CacheCase {
   }
 };
 
-// (format, granularity) pairs: the unquantized formats once, the 8-bit ones at every granularity.
+// (format, granularity) pairs: the unquantized formats once, the 8- and 4-bit ones at every granularity.
 inline std::vector<std::pair<Format, ScaleGranularity>> format_pairs() {
   std::vector<std::pair<Format, ScaleGranularity>> v = {{Format::kBf16, ScaleGranularity::kPerTokenHead},
                                                          {Format::kFp16, ScaleGranularity::kPerTokenHead}};
-  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8})
+  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kInt4})
     for (ScaleGranularity g :
          {ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead, ScaleGranularity::kPerTensor})
       v.push_back({f, g});
   return v;
 }
 
-// The full product for writes (132 cases): they are cheap, and bit-exactness is all or nothing.
+// The full product for writes (168 cases): they are cheap, and bit-exactness is all or nothing.
 inline std::vector<CacheCase> write_cases() {
   std::vector<CacheCase> v;
   for (auto [f, g] : format_pairs())
@@ -66,7 +66,7 @@ inline std::vector<CacheCase> write_cases() {
 
 // Attention: 12 shapes of (head_dim, GQA ratio, block, sink) in an order where any 4 consecutive
 // ones cover every head_dim, ratio, block size and sink; each quantized pair takes 4 of them,
-// rotated so every format and every granularity meets all 12; bf16 takes 8, fp16 4 (48 cases).
+// rotated so every format and every granularity meets all 12; bf16 takes 8, fp16 4 (60 cases).
 // sink 20 ends mid-page; 32 is one or two whole pages.
 inline std::vector<CacheCase> attention_cases() {
   const int shapes[12][4] = {{64, 1, 16, 0},  {128, 4, 32, 20}, {256, 8, 16, 32}, {8, 4, 32, 0},
@@ -115,12 +115,12 @@ inline std::vector<float> write_rows(std::mt19937_64& rng, int n, int heads, int
 
 // First differing byte of two planes, described by page / head / slot.
 inline ::testing::AssertionResult same_bytes(const char* what, const void* got, const void* want, size_t bytes,
-                                             size_t elem_bytes, const cache::CacheGeometry& g) {
+                                             size_t elem_bits, const cache::CacheGeometry& g) {
   const auto* a = static_cast<const uint8_t*>(got);
   const auto* b = static_cast<const uint8_t*>(want);
   for (size_t i = 0; i < bytes; ++i) {
     if (a[i] == b[i]) continue;
-    const size_t e = i / elem_bytes;
+    const size_t e = i * 8 / elem_bits;  // int4: the byte's low-nibble element
     auto fail = ::testing::AssertionFailure() << what << " differ at byte " << i << " (element " << e;
     if (std::string(what).find("scale") == std::string::npos) {
       const size_t tile = g.elems_per_head_tile();
@@ -355,13 +355,13 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
     ASSERT_EQ(got.k_codes.size(), want.k_codes.size());
     ASSERT_EQ(got.k_scales.size(), want.k_scales.size());
     ASSERT_EQ(got.k_sink.size(), want.k_sink.size());
-    const size_t eb = std::max(1, format_bits(g.format) / 8);
+    const size_t eb = static_cast<size_t>(format_bits(g.format));
     EXPECT_TRUE(same_bytes("K codes", got.k_codes.data(), want.k_codes.data(), want.k_codes.size(), eb, g));
     EXPECT_TRUE(same_bytes("V codes", got.v_codes.data(), want.v_codes.data(), want.v_codes.size(), eb, g));
-    EXPECT_TRUE(same_bytes("K scales", got.k_scales.data(), want.k_scales.data(), want.k_scales.size() * 4, 4, g));
-    EXPECT_TRUE(same_bytes("V scales", got.v_scales.data(), want.v_scales.data(), want.v_scales.size() * 4, 4, g));
-    EXPECT_TRUE(same_bytes("K sink", got.k_sink.data(), want.k_sink.data(), want.k_sink.size() * 2, 2, g));
-    EXPECT_TRUE(same_bytes("V sink", got.v_sink.data(), want.v_sink.data(), want.v_sink.size() * 2, 2, g));
+    EXPECT_TRUE(same_bytes("K scales", got.k_scales.data(), want.k_scales.data(), want.k_scales.size() * 4, 32, g));
+    EXPECT_TRUE(same_bytes("V scales", got.v_scales.data(), want.v_scales.data(), want.v_scales.size() * 4, 32, g));
+    EXPECT_TRUE(same_bytes("K sink", got.k_sink.data(), want.k_sink.data(), want.k_sink.size() * 2, 16, g));
+    EXPECT_TRUE(same_bytes("V sink", got.v_sink.data(), want.v_sink.data(), want.v_sink.size() * 2, 16, g));
   }
 }
 

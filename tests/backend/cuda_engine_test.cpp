@@ -133,7 +133,7 @@ TEST(CudaBackendWrite, PlanesBitIdenticalToCpu) {
   ASSERT_TRUE(cpu && gpu);
   std::vector<WriteCase> cases;
   for (int d : {64, 8}) {
-    for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8})
+    for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kInt4})
       for (ScaleGranularity g : {ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead, ScaleGranularity::kPerTensor})
         cases.push_back({d, 2, make_spec(f, g, 16)});
     cases.push_back({d, 3, make_spec(Format::kBf16, ScaleGranularity::kPerTokenHead, 0)});
@@ -257,6 +257,8 @@ TEST_F(CudaEngineStories, LogitsAndPlanesCloseToCpu) {
                                 make_spec(Format::kInt8, ScaleGranularity::kPerTokenHead, 16),
                                 make_spec(Format::kInt8, ScaleGranularity::kPerBlockHead, 0),
                                 rotated(make_spec(Format::kInt8, ScaleGranularity::kPerTokenHead, 16)),
+                                make_spec(Format::kInt4, ScaleGranularity::kPerTokenHead, 16),
+                                rotated(make_spec(Format::kInt4, ScaleGranularity::kPerTokenHead, 16)),
                                 rotated(make_spec(Format::kFp8E4m3, ScaleGranularity::kPerBlockHead, 0))}) {
     SCOPED_TRACE(spec_label(spec));
     // fp32 weights on both: the differences are the backends' rounding, not the weight format.

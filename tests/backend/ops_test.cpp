@@ -645,7 +645,7 @@ TEST(BackendOpsCases, EveryAxisValueAppears) {
   const auto cases = all_cases();
   auto count = [&](auto pred) { return std::count_if(cases.begin(), cases.end(), pred); };
   for (Op op : {Op::kDecode, Op::kPrefill, Op::kCacheWrite}) {
-    for (Format f : {Format::kBf16, Format::kFp16, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8})
+    for (Format f : {Format::kBf16, Format::kFp16, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kInt4})
       EXPECT_GT(count([&](const OpCase& c) { return c.op == op && c.cache.format == f; }), 0) << op_name(op);
     for (ScaleGranularity g : {ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead,
                                ScaleGranularity::kPerTensor})

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <numeric>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kvq/cache/aligned.h"
@@ -42,6 +43,12 @@ TEST(BytesPerToken, HeadDim64SmolLM2) {
   // Block 32: 30*2*(3*32*64 + 12) = 369360 per page = 11542.5 per token, reported rounded up.
   EXPECT_EQ(bytes_per_page(spec(Format::kInt8, kBlock, 32), 30, 3, 64), 369360u);
   EXPECT_EQ(bytes_per_token(spec(Format::kInt8, kBlock, 32), 30, 3, 64), 11543u);
+  // int4 packs two codes per byte: codes 30*2*3*32 = 5760, scales 720: 0.28x of bf16.
+  EXPECT_EQ(bytes_per_token(spec(Format::kInt4, kToken), 30, 3, 64), 6480u);
+  EXPECT_EQ(bytes_per_token(spec(Format::kInt4, kTensor), 30, 3, 64), 5760u);
+  // per_block_head, block 16: 30*2*(3*16*32 + 3*4) = 92880 per page = 5805 per token.
+  EXPECT_EQ(bytes_per_page(spec(Format::kInt4, kBlock), 30, 3, 64), 92880u);
+  EXPECT_EQ(bytes_per_token(spec(Format::kInt4, kBlock), 30, 3, 64), 5805u);
 }
 
 // Llama-3-8B-like: 32 layers, 8 KV heads, head_dim 128.
@@ -102,6 +109,26 @@ TEST(Geometry, IndicesAreHeadMajor) {
   EXPECT_EQ(g.scale_plane_bytes(), 128u);
   g.format = Format::kBf16;
   EXPECT_EQ(g.scale_plane_bytes(), 0u);
+}
+
+// Code addresses are bytes, not elements: 2 per bf16 element, 1 per 8-bit code, 1/2 per int4 code.
+TEST(Geometry, CodeOffsetsFollowThePacking) {
+  CacheGeometry g;
+  g.num_layers = 1, g.num_kv_heads = 3, g.head_dim = 24, g.block_size = 16, g.num_pages = 5;
+  g.granularity = kToken;
+  const size_t e = g.elem_index(2, 1, 3);
+  for (auto [f, num, den] : {std::tuple{Format::kBf16, 2, 1}, {Format::kFp16, 2, 1}, {Format::kFp8E4m3, 1, 1},
+                             {Format::kInt8, 1, 1}, {Format::kInt4, 1, 2}}) {
+    g.format = f;
+    EXPECT_EQ(g.code_offset(2, 1, 3), e * num / den) << format_name(f);
+    EXPECT_EQ(g.row_code_bytes(), size_t(24) * num / den) << format_name(f);
+    EXPECT_EQ(g.bytes_per_page(), size_t(3 * 16 * 24) * num / den) << format_name(f);
+    // Rows of a page head tile are contiguous and never overlap.
+    EXPECT_EQ(g.code_offset(2, 1, 4) - g.code_offset(2, 1, 3), g.row_code_bytes()) << format_name(f);
+    EXPECT_EQ(g.code_offset(3, 0, 0) - g.code_offset(2, 0, 0), g.bytes_per_page()) << format_name(f);
+  }
+  g.format = Format::kInt4;
+  EXPECT_EQ(g.code_plane_bytes(), 2944u);  // 5 pages * 576 bytes = 2880, padded to 128
 }
 
 TEST(AlignedVector, StartsOn128Bytes) {

@@ -13,10 +13,11 @@
 namespace kvq::cache {
 namespace {
 
-constexpr int kLayers = 3;
-// Layer 0: K int8, V fp8; layer 1: K bf16, V int8; layer 2: K fp8_fnuz, V fp8_fnuz.
+constexpr int kLayers = 4;
+// Layer 0: K int8, V fp8; layer 1: K bf16, V int8; layer 2: K fp8_fnuz, V fp8_fnuz; layer 3: K int4
+// (packed: its rows sit at other byte offsets than V's), V int8.
 const std::vector<Format> kMix = {Format::kInt8, Format::kFp8E4m3, Format::kBf16, Format::kInt8,
-                                  Format::kFp8E4m3Fnuz, Format::kFp8E4m3Fnuz};
+                                  Format::kFp8E4m3Fnuz, Format::kFp8E4m3Fnuz, Format::kInt4, Format::kInt8};
 
 attention::SyntheticCacheOptions options(const QuantSpec& spec) {
   attention::SyntheticCacheOptions o;
@@ -119,10 +120,10 @@ INSTANTIATE_TEST_SUITE_P(Granularities, MixedCache,
 TEST(MixedCacheConfig, RefusesAWrongLayerCount) {
   CacheConfig c = testing::make_config(Format::kInt8, ScaleGranularity::kPerTokenHead, 16, /*layers=*/2, 1, 16,
                                        /*pages=*/4, 0, 0);
-  c.spec.plane_formats = kMix;  // three layers
+  c.spec.plane_formats = kMix;  // four layers
   auto r = PagedKvCache::create(c);
   ASSERT_FALSE(r.is_ok());
-  EXPECT_NE(r.status().message().find("3 layers but the model has 2"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("4 layers but the model has 2"), std::string::npos) << r.status().message();
 }
 
 }  // namespace

@@ -195,13 +195,15 @@ INSTANTIATE_TEST_SUITE_P(Configs, RandomOps,
                                            RandomCase{Format::kInt8, kBlock, 16, 8, 2},
                                            RandomCase{Format::kFp8E4m3Fnuz, kBlock, 32, 16, 3},
                                            RandomCase{Format::kInt8, kTensor, 16, 16, 4},
-                                           RandomCase{Format::kBf16, kToken, 32, 8, 5}));
+                                           RandomCase{Format::kBf16, kToken, 32, 8, 5},
+                                           RandomCase{Format::kInt4, kToken, 16, 16, 6},
+                                           RandomCase{Format::kInt4, kBlock, 32, 8, 7}));
 
 // Fill every plane with a pattern, run operations (no frees, so no page is ever reused), then
 // every byte that no live sequence has written must still hold the pattern.
 TEST(Canary, BytesOutsideWrittenSlotsAreUntouched) {
   for (auto [f, g] : {std::pair{Format::kFp8E4m3, kToken}, {Format::kInt8, kBlock}, {Format::kFp8E4m3Fnuz, kTensor},
-                      {Format::kBf16, kToken}}) {
+                      {Format::kBf16, kToken}, {Format::kInt4, kToken}, {Format::kInt4, kBlock}}) {
     const int layers = 2, heads = 3, dim = 16, bs = 16, pages = 24, sink_pages = 8;
     const CacheConfig cfg = make_config(f, g, bs, layers, heads, dim, pages, sink_pages, 16);
     auto created = PagedKvCache::create(cfg);
@@ -243,7 +245,6 @@ TEST(Canary, BytesOutsideWrittenSlotsAreUntouched) {
     ASSERT_TRUE(c.write(seqs.back(), 0, 2, random_rows(rng, 1, heads, dim).data(), random_rows(rng, 1, heads, dim).data(), 1).is_ok());
     ASSERT_TRUE(c.extend(seqs[2], 5).is_ok());  // reserved, never written
 
-    const int bits = format_bits(f);
     for (int l = 0; l < layers; ++l) {
       std::set<std::pair<int, int>> main_written, sink_written;  // (page, slot)
       for (SeqId s : seqs) {
@@ -268,8 +269,8 @@ TEST(Canary, BytesOutsideWrittenSlotsAreUntouched) {
           }
           for (int slot = 0; slot < bs; ++slot) {
             if (main_written.count({page, slot})) continue;
-            const size_t off = geo.elem_index(page, h, slot) * bits / 8;
-            for (size_t b = 0; b < static_cast<size_t>(dim) * bits / 8; ++b) {
+            const size_t off = geo.code_offset(page, h, slot);
+            for (size_t b = 0; b < geo.row_code_bytes(); ++b) {
               ASSERT_EQ(p.k_codes[off + b], kCode) << "layer " << l << " page " << page << " head " << h << " slot " << slot;
               ASSERT_EQ(p.v_codes[off + b], kCode);
             }

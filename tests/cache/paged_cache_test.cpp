@@ -53,7 +53,6 @@ TEST(PagedKvCacheCreate, RejectsBadShapesWithClearErrors) {
   for (int bs : {0, 8, 24, 64}) {
     add([bs](CacheConfig& c) { c.spec.block_size = bs; }, StatusCode::kInvalidArgument, "16, 32");
   }
-  add([](CacheConfig& c) { c.spec.format = Format::kInt4; }, StatusCode::kUnsupported, "int4");
   add([](CacheConfig& c) { c.spec.scale_dtype = ScaleDtype::kFp16; }, StatusCode::kUnsupported, "fp32");
   add([](CacheConfig& c) { c.num_pages = 0; }, StatusCode::kInvalidArgument, "num_pages");
   add([](CacheConfig& c) { c.num_sink_pages = -1; }, StatusCode::kInvalidArgument, "num_sink_pages");
@@ -86,7 +85,7 @@ TEST(PagedKvCacheCreate, AcceptsTheSupportedRange) {
 
 TEST(PagedKvCachePlanes, AlignedSizedAndViewed) {
   for (auto [f, g] : {std::pair{Format::kFp8E4m3, kToken}, {Format::kInt8, kBlock}, {Format::kFp8E4m3Fnuz, kTensor},
-                      {Format::kBf16, kToken}}) {
+                      {Format::kBf16, kToken}, {Format::kInt4, kToken}}) {
     auto c = make(make_config(f, g, 16, 3, 3, 24, 7, 5, 16));
     ASSERT_TRUE(c);
     const CacheGeometry& geo = c->geometry();
@@ -230,7 +229,9 @@ INSTANTIATE_TEST_SUITE_P(
                       FormatCase{Format::kFp8E4m3Fnuz, kBlock, 32, 128}, FormatCase{Format::kFp8E4m3Fnuz, kTensor, 16, 8},
                       FormatCase{Format::kInt8, kToken, 16, 8}, FormatCase{Format::kInt8, kBlock, 16, 128},
                       FormatCase{Format::kInt8, kTensor, 32, 64}, FormatCase{Format::kBf16, kToken, 16, 64},
-                      FormatCase{Format::kFp16, kBlock, 32, 256}, FormatCase{Format::kInt8, kBlock, 32, 256}));
+                      FormatCase{Format::kFp16, kBlock, 32, 256}, FormatCase{Format::kInt8, kBlock, 32, 256},
+                      FormatCase{Format::kInt4, kToken, 16, 64}, FormatCase{Format::kInt4, kBlock, 32, 8},
+                      FormatCase{Format::kInt4, kTensor, 16, 128}));
 
 TEST(PerBlockHead, PrefillSetsTheScaleFromThePageWithoutRequantizing) {
   const int dim = 16, heads = 2;
@@ -255,7 +256,7 @@ TEST(PerBlockHead, PrefillSetsTheScaleFromThePageWithoutRequantizing) {
 // Small values first, then one large token in head 0 of K only: exactly that page head is
 // re-quantized, its old tokens still decode within two roundings at the new scale.
 TEST(PerBlockHead, GrowthRequantizesOldTokens) {
-  for (Format f : {Format::kInt8, Format::kFp8E4m3, Format::kFp8E4m3Fnuz}) {
+  for (Format f : {Format::kInt8, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt4}) {
     const int dim = 16, heads = 2;
     auto c = make(make_config(f, kBlock, 16, 1, heads, dim, 4, 0, 0));
     std::mt19937 rng(11);
@@ -294,7 +295,7 @@ TEST(PerBlockHead, GrowthRequantizesOldTokens) {
 
 TEST(PerTensor, ScaleFixedByFirstQuantizedWriteThenSaturates) {
   const int dim = 8, heads = 2;
-  for (Format f : {Format::kInt8, Format::kFp8E4m3, Format::kFp8E4m3Fnuz}) {
+  for (Format f : {Format::kInt8, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt4}) {
     auto c = make(make_config(f, kTensor, 16, 2, heads, dim, 4, 1, 4));
     const SeqId s = c->add_sequence().value();
     ASSERT_TRUE(c->extend(s, 12).is_ok());

@@ -32,13 +32,14 @@ TEST(ParseKvCacheDtype, RejectsUnknownNamingTheAcceptedValues) {
   }
 }
 
-TEST(ParseKvCacheDtype, Int4AndE5m2AreUnsupportedNotUnknown) {
-  for (const char* s : {"int4", "int4_kivi"}) {
-    Result<Format> r = parse_kv_cache_dtype(s);
-    ASSERT_FALSE(r.is_ok());
-    EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
-    EXPECT_NE(r.status().message().find("int4 KV cache not implemented yet"), std::string::npos);
-  }
+TEST(ParseKvCacheDtype, Int4KiviAndE5m2AreUnsupportedNotUnknown) {
+  Result<Format> int4 = parse_kv_cache_dtype("int4");
+  ASSERT_TRUE(int4.is_ok());
+  EXPECT_EQ(int4.value(), Format::kInt4);
+  Result<Format> r = parse_kv_cache_dtype("int4_kivi");
+  ASSERT_FALSE(r.is_ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+  EXPECT_NE(r.status().message().find("int4_kivi KV cache not implemented yet"), std::string::npos);
   Result<Format> e5 = parse_kv_cache_dtype("fp8_e5m2");
   ASSERT_FALSE(e5.is_ok());
   EXPECT_EQ(e5.status().code(), StatusCode::kUnsupported);
@@ -84,15 +85,12 @@ TEST(ParseQuantSpec, DefaultsAreAutoInt8PerTokenHead) {
 
 TEST(ParseQuantSpec, AutoResolvesToTheMachineFormat) {
   QuantOptions o;
-  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kBf16}) {
+  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kBf16, Format::kInt4}) {
     Result<QuantSpec> r = parse_quant_spec(o, f);
     ASSERT_TRUE(r.is_ok());
     EXPECT_EQ(r->format, f);
     EXPECT_TRUE(r->from_auto);
   }
-  Result<QuantSpec> int4 = parse_quant_spec(o, Format::kInt4);
-  ASSERT_FALSE(int4.is_ok());
-  EXPECT_EQ(int4.status().code(), StatusCode::kUnsupported);
 }
 
 TEST(ParseQuantSpec, ExplicitValues) {
@@ -135,7 +133,7 @@ TEST(ParseQuantSpec, BadValuesFailWithTheirOptionName) {
     return o;
   };
   cases.push_back({with([](QuantOptions& o) { o.kv_cache_dtype = "fp9"; }), StatusCode::kInvalidArgument, "--kv-cache-dtype"});
-  cases.push_back({with([](QuantOptions& o) { o.kv_cache_dtype = "int4"; }), StatusCode::kUnsupported, "int4"});
+  cases.push_back({with([](QuantOptions& o) { o.kv_cache_dtype = "int4_kivi"; }), StatusCode::kUnsupported, "int4_kivi"});
   cases.push_back({with([](QuantOptions& o) { o.granularity = "per_channel"; }), StatusCode::kInvalidArgument, "--kv-scale-granularity"});
   cases.push_back({with([](QuantOptions& o) { o.scale_dtype = "fp16"; }), StatusCode::kUnsupported, "fp32"});
   cases.push_back({with([](QuantOptions& o) { o.scale_dtype = "bf16"; }), StatusCode::kInvalidArgument, "fp32"});

@@ -27,14 +27,18 @@ int run_formats(const FormatsOptions& opt) {
     std::fputs(text.value().c_str(), stdout);
     return 0;
   }
-  std::printf("%-14s %4s %7s  %s\n", "format", "bits", "qmax", "description");
+  std::printf("%-14s %4s %7s %-9s  %s\n", "format", "bits", "qmax", "cache", "description");
   for (Format f : kAllFormats) {
-    if (is_quantized(f))
-      std::printf("%-14s %4d %7g  %s\n", format_name(f), format_bits(f), static_cast<double>(format_qmax(f)),
-                  format_description(f));
-    else
-      std::printf("%-14s %4d %7s  %s\n", format_name(f), format_bits(f), "-", format_description(f));
+    const FormatTraits t = format_traits(f);
+    // Where a KV cache of this format runs: the CPU reference first, then the CUDA backend.
+    const char* where = !t.cache_ready ? "-" : t.device_ready ? "cpu,cuda" : "cpu";
+    char qmax[16] = "-";
+    if (is_quantized(f)) std::snprintf(qmax, sizeof qmax, "%g", static_cast<double>(format_qmax(f)));
+    std::printf("%-14s %4d %7s %-9s  %s\n", format_name(f), format_bits(f), qmax, where, format_description(f));
   }
+  // Not a code format of its own: int4 codes plus a side plane (quant/outlier.h).
+  std::printf("%-14s %4d %7d %-9s  %s\n", "int4_outlier", 4, 7, "cpu",
+              "int4 per_token_head + per-page sparse fp16 outliers (|x| > 4x the running RMS of its channel or head; 1 per token)");
   return 0;
 }
 

@@ -3,13 +3,17 @@
 // kernels (DESIGN §4). Everything here is plain data so it can be passed to a kernel by value.
 //
 // Per layer, K and V each have:
-//   codes  [num_pages][num_kv_heads][block_size][head_dim]   elements of `format` (head-major)
+//   codes  [num_pages][num_kv_heads][block_size][head_dim]   elements of `format` (head-major);
+//          int4 packs two per byte (element 2i in the low nibble), so a row is head_dim / 2 bytes.
+//          Always address codes through code_offset / row_code_bytes, never elem_index * bytes.
 //   scales plane, separate and 128-byte aligned:
 //     per_token_head: [num_pages][num_kv_heads][block_size] fp32
 //     per_block_head: [num_pages][num_kv_heads]             fp32
 //     per_tensor:     [1]                                   fp32 (0 until the first write)
 //     bf16/fp16:      none
 //   sink   [num_sink_pages][num_kv_heads][block_size][head_dim] bf16
+//   outliers (int4_outlier only): [num_pages][num_kv_heads][1 + outlier_capacity] uint32: a count,
+//          then that many sparse entries (quant/outlier.h: slot * head_dim + channel, fp16 value)
 // One block table per sequence is shared by all layers: page p is page p in every layer's pool.
 // Token t of a sequence lives in the sink when t < sink_len (sink page sink_table[t / bs]),
 // otherwise at u = t - sink_len in page block_table[u / bs], slot u % bs.
@@ -18,6 +22,7 @@
 
 #include "kvq/common/macros.h"
 #include "kvq/format/format.h"
+#include "kvq/quant/outlier.h"
 #include "kvq/quant/spec.h"
 
 namespace kvq::cache {
@@ -35,6 +40,7 @@ struct CacheGeometry {
   int num_sink_pages = 0;  // bf16 sink pages per layer
   Format format = Format::kBf16;
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
+  int outlier_capacity = 0;  // sparse entries per page head (int4_outlier); 0: no outlier plane
   // One layer of a per-layer mix (QuantSpec::plane_formats) may store V in another format than K:
   // then mixed_kv is set, `format` is K's and v_format V's. The size and index functions below
   // describe one plane of `format`; code that reads both planes asks plane(kv) for each.
@@ -57,6 +63,13 @@ struct CacheGeometry {
   KVQ_HD size_t elem_index(int page, int head, int slot) const {
     return ((static_cast<size_t>(page) * num_kv_heads + head) * block_size + slot) * head_dim;
   }
+  // Byte offset of (page, head, slot, dim 0) in a codes plane. head_dim is a multiple of 8, so a
+  // packed int4 row starts on a whole byte.
+  KVQ_HD size_t code_offset(int page, int head, int slot) const {
+    return elem_index(page, head, slot) * format_bits(format) / 8;
+  }
+  // Bytes of one (token, head) row of codes.
+  KVQ_HD size_t row_code_bytes() const { return static_cast<size_t>(head_dim) * format_bits(format) / 8; }
   KVQ_HD bool has_scales() const { return is_quantized(format); }
   // Number of fp32 scales per page (0 for per_tensor and unquantized formats).
   KVQ_HD size_t scales_per_page() const {
@@ -81,6 +94,16 @@ struct CacheGeometry {
     if (!has_scales()) return 0;
     size_t n = granularity == ScaleGranularity::kPerTensor ? 1 : scales_per_page() * num_pages;
     return align_up(n * sizeof(float), kPlaneAlignment);
+  }
+  // Outlier plane: (1 + capacity) words per page head, the count first.
+  KVQ_HD size_t outlier_words_per_page() const {
+    return outlier_capacity > 0 ? static_cast<size_t>(num_kv_heads) * (1 + outlier_capacity) : 0;
+  }
+  KVQ_HD size_t outlier_index(int page, int head) const {
+    return (static_cast<size_t>(page) * num_kv_heads + head) * (1 + outlier_capacity);
+  }
+  KVQ_HD size_t outlier_plane_bytes() const {
+    return align_up(outlier_words_per_page() * num_pages * sizeof(uint32_t), kPlaneAlignment);
   }
   KVQ_HD size_t code_plane_bytes() const { return align_up(bytes_per_page() * num_pages, kPlaneAlignment); }
   KVQ_HD size_t sink_plane_bytes() const {
@@ -115,7 +138,14 @@ struct LayerView {
   float* v_scales = nullptr;
   uint16_t* k_sink = nullptr;  // bf16 bits; null when the cache has no sink pages
   uint16_t* v_sink = nullptr;
+  uint32_t* k_outliers = nullptr;  // null unless the geometry has an outlier plane
+  uint32_t* v_outliers = nullptr;
 };
+
+// Sparse entries per page head that a spec asks for (int4_outlier), 0 for every other spec.
+inline int outlier_capacity_of(const QuantSpec& s) {
+  return s.outliers ? s.block_size * quant::kOutlierEntriesPerToken : 0;
+}
 
 // Block tables of a batch, padded to a rectangle (row-major, unused entries -1).
 struct BatchTablesView {
@@ -132,8 +162,9 @@ struct BatchTablesView {
 // checks them); a non-positive dimension gives 0. Sink tokens are bf16 and not counted here (see
 // PagedKvCache::memory_report), nor is the plane padding to 128 bytes (< 128 bytes per plane).
 //
-// Exact bytes of one page index across all layers, K and V: codes plus scales, i.e. summed over the
-// 2 * num_layers planes (each with its own format when spec.mixed()):
+// Exact bytes of one page index across all layers, K and V: codes plus scales (plus the outlier
+// plane of int4_outlier: 4 * num_kv_heads * (1 + block_size) more per layer and K/V), summed over the
+// 2 * num_layers planes (each with its own format when spec.mixed()), each
 //   num_kv_heads * block_size * head_dim * bits / 8 + scales_per_page * 4
 // with scales_per_page = num_kv_heads * block_size (per_token_head), num_kv_heads
 // (per_block_head), 0 (per_tensor: one scale per layer, a constant; bf16/fp16: none).

@@ -25,6 +25,7 @@
 // - Sequence ids are small integers; a freed id is reused by a later add_sequence()/fork().
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -54,6 +55,7 @@ struct CacheConfig {
 
 struct MemoryReport {
   size_t code_bytes = 0, scale_bytes = 0, sink_bytes = 0;  // allocated planes, all layers, K+V
+  size_t outlier_bytes = 0;                                  // int4_outlier's sparse planes
   int pages_used = 0, sink_pages_used = 0;
 };
 
@@ -152,6 +154,7 @@ class PagedKvCache {
     AlignedVector<uint8_t> k_codes, v_codes;
     AlignedVector<float> k_scales, v_scales;
     AlignedVector<uint16_t> k_sink, v_sink;
+    AlignedVector<uint32_t> k_outliers, v_outliers;  // empty unless int4_outlier
   };
   // layer in [0, num_layers); empty planes when the cache holds none (host_planes false).
   const Planes& planes(int layer) const;
@@ -180,6 +183,8 @@ class PagedKvCache {
   // Quantizes slots [slot0, slot1) of main block `block`; k/v point at slot0's input row.
   void write_main_page(Sequence& s, int layer, int block, int slot0, int slot1, const float* k,
                        const float* v);
+  void write_outlier_rows(int layer, int kv, int32_t page, int h, int slot0, int slot1, int filled,
+                          const std::function<const float*(int)>& row);
   SeqId new_sequence_id();
   CacheGeometry plane_geom(int layer, int kv) const { return layer_geom_[static_cast<size_t>(layer)].plane(kv); }
   float* block_amax(int layer, int kv, int32_t page, int head);
@@ -196,6 +201,7 @@ class PagedKvCache {
   // from a rounded scale, and whether each layer's per_tensor K/V scale has been fixed.
   std::vector<float> block_amax_;
   std::vector<uint8_t> tensor_scale_set_;  // [layer][k/v]
+  std::vector<quant::ChannelStats> channel_stats_;  // int4_outlier thresholds, [layer][k/v]
 };
 
 }  // namespace kvq::cache

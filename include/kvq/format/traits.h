@@ -46,9 +46,13 @@ struct FormatTraits {
   // whereas fp8's tie rounds to the even largest code and does not clip.
   float clip_limit;
   bool clip_at_equal;
-  // The cache and every backend's kernels store and read it. A format whose codec exists first
-  // (int4) stays false until they do; every layer refuses it by this flag, not by name.
+  // The host cache, the CPU attention and the engine store and read it. A format whose codec
+  // exists first stays false until they do; every layer refuses it by this flag, not by name.
   bool cache_ready;
+  // The CUDA backend stores and reads it too (int4 through its generic kernels; the fast kernels
+  // of attention/cuda take whole-byte codes); the CUDA layers refuse a format by this flag. A
+  // format becomes cache_ready on the CPU reference first.
+  bool device_ready;
 };
 
 // One entry per Format, in enum order.
@@ -56,26 +60,26 @@ KVQ_HD constexpr FormatTraits format_traits(Format f) {
   switch (f) {
     case Format::kBf16:
       return {"bf16", "bfloat16, round to nearest even (baseline and sink)", CodeKind::kHalf, 16, 0, true, false,
-              GroupAxis::kNone, 1.0f, 0x1.ffp+127f /* bits 0x7F7F8000: rounds to bf16 inf */, true, true};
+              GroupAxis::kNone, 1.0f, 0x1.ffp+127f /* bits 0x7F7F8000: rounds to bf16 inf */, true, true, true};
     case Format::kFp16:
       return {"fp16", "IEEE binary16, round to nearest even (baseline, fp16 scales)", CodeKind::kHalf, 16, 0, true,
-              false, GroupAxis::kNone, 1.0f, 65520.0f /* rounds to binary16 inf */, true, true};
+              false, GroupAxis::kNone, 1.0f, 65520.0f /* rounds to binary16 inf */, true, true, true};
     case Format::kFp8E4m3:
       return {"fp8_e4m3", "FP8 E4M3 OCP 'fn' (NVIDIA sm_89+): bias 7, max 448, NaN S.1111.111; writer never emits -0",
               CodeKind::kFp8, 8, 1, true, false, GroupAxis::kHeadVector, format::kFp8E4m3Max,
-              464.0f /* 448 | 480 */, false, true};
+              464.0f /* 448 | 480 */, false, true, true};
     case Format::kFp8E4m3Fnuz:
       return {"fp8_e4m3_fnuz", "FP8 E4M3 FNUZ (AMD CDNA3): bias 8, max 240, NaN 0x80; writer caps at 224 (0x7E)",
               CodeKind::kFp8, 8, 1, true, false, GroupAxis::kHeadVector, format::kFp8FnuzWriterMax,
-              232.0f /* 224 | 240, the interchange cap */, false, true};
+              232.0f /* 224 | 240, the interchange cap */, false, true, true};
     case Format::kInt8:
       return {"int8", "int8 symmetric, -127..127", CodeKind::kInteger, 8, 1, true, false, GroupAxis::kHeadVector,
-              static_cast<float>(format::kInt8Max), 127.5f, true, true};
+              static_cast<float>(format::kInt8Max), 127.5f, true, true, true};
     case Format::kInt4:
       return {"int4", "int4 symmetric, -7..7, two per byte (element 2i in the low nibble)", CodeKind::kInteger, 4,
-              2, true, false, GroupAxis::kHeadVector, static_cast<float>(format::kInt4Max), 7.5f, true, false};
+              2, true, false, GroupAxis::kHeadVector, static_cast<float>(format::kInt4Max), 7.5f, true, true, true};
   }
-  return {"unknown", "unknown", CodeKind::kHalf, 16, 0, true, false, GroupAxis::kNone, 1.0f, 0.0f, true, false};
+  return {"unknown", "unknown", CodeKind::kHalf, 16, 0, true, false, GroupAxis::kNone, 1.0f, 0.0f, true, false, false};
 }
 
 }  // namespace kvq

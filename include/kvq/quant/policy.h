@@ -79,6 +79,12 @@ KVQ_HD uint8_t quantize_value(Format f, float x, float scale) {
   return is_finite_value(x) ? encode_byte(f, div_rn(x, scale)) : uint8_t{0};
 }
 
+// Two int4 codes (elements 2i and 2i + 1 of a row) in one byte, element 2i in the low nibble;
+// each is quantize_value's code, so the host cache and the CUDA writers pack alike.
+KVQ_HD uint8_t quantize_int4_pair(float lo, float hi, float scale) {
+  return format::pack_int4(quantize_value(Format::kInt4, lo, scale), quantize_value(Format::kInt4, hi, scale));
+}
+
 // True when encoding `scaled` (already divided by the scale) clips it to +-qmax, i.e. an
 // unbounded grid would have rounded it to a larger magnitude. Rounding *to* qmax is not clipping.
 KVQ_HD bool clips(Format f, float scaled) {

@@ -24,9 +24,12 @@ struct QuantStats {
   uint64_t nonfinite = 0;  // NaN/inf inputs: written as 0 and left out of amax (documented policy)
   uint64_t saturated = 0;  // finite values clipped to qmax (only per_tensor can clip)
   uint64_t requantized_page_heads = 0;  // per_block_head growth events
+  uint64_t outliers = 0;          // int4_outlier: values kept as sparse fp16 entries
+  uint64_t outlier_overflow = 0;  // int4_outlier: candidates beyond a row's share, left as int4 values
   void merge(const QuantStats& o) {
     values += o.values; nonfinite += o.nonfinite; saturated += o.saturated;
     requantized_page_heads += o.requantized_page_heads;
+    outliers += o.outliers; outlier_overflow += o.outlier_overflow;
   }
 };
 

@@ -43,6 +43,8 @@ struct QuantSpec {
   // plane_formats[2 * layer + kv] (kv 0 = K, 1 = V) for every layer of the model, and `format` is
   // not used for the pages. Granularity, block, sink, scale dtype and rotation stay global.
   std::vector<Format> plane_formats;
+  // int4_outlier: int4 per_token_head codes plus a per-page sparse fp16 plane (quant/outlier.h).
+  bool outliers = false;
 
   bool mixed() const { return !plane_formats.empty(); }
   Format plane_format(int layer, int kv) const {
@@ -63,7 +65,7 @@ Status check_plane_formats(const QuantSpec& spec, int num_layers);
 
 // Strings as the user typed them on the command line.
 struct QuantOptions {
-  std::string kv_cache_dtype = "auto";  // auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8
+  std::string kv_cache_dtype = "auto";  // auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8|int4|int4_outlier
   std::string granularity = "per_token_head";
   std::string scale_dtype = "fp32";
   int block_size = 16;
@@ -74,7 +76,8 @@ struct QuantOptions {
 // `auto_format` is what `auto` resolves to on this machine (see hardware probe, DESIGN §7).
 // Accepted values (anything else is kInvalidArgument naming the accepted ones):
 //   kv_cache_dtype: auto | bf16 (bfloat16) | fp16 (float16) | fp8 == fp8_e4m3 (OCP) |
-//                   fp8_fnuz (== fp8_e4m3_fnuz, AMD) | int8;  int4, int4_kivi, fp8_e5m2 -> kUnsupported
+//                   fp8_fnuz (== fp8_e4m3_fnuz, AMD) | int8 | int4 | int4_outlier (int4 + outliers,
+//                   per_token_head only);  int4_kivi, fp8_e5m2 -> kUnsupported
 //   granularity:    per_tensor | per_token_head | per_block_head
 //   scale_dtype:    fp32 (float32);  fp16 -> kUnsupported
 //   block_size:     16 | 32;   sink_tokens: 0 ..= kMaxSinkTokens;   rotate: none | hadamard

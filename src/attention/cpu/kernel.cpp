@@ -7,7 +7,9 @@
 
 #include <cblas.h>
 
+#include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
+#include "kvq/quant/outlier.h"
 
 namespace kvq::attention::cpu::detail {
 namespace {
@@ -61,7 +63,7 @@ Status check_problem(const Problem& p, const float* q, const float* out) {
   for (int kv = 0; kv < 2; ++kv)
     if (!format_traits(g.plane_format(kv)).cache_ready)
       return unsupported(std::string("attention: the CPU backend does not read ") + format_name(g.plane_format(kv)) +
-                         " caches yet; use int8 or fp8");
+                         " caches yet; use int8, int4 or fp8");
   if (g.num_pages < 0 || g.num_sink_pages < 0)
     return invalid_argument("attention: negative page count in the cache geometry");
   if (p.num_q_heads < 1 || p.num_q_heads % g.num_kv_heads != 0)
@@ -102,6 +104,8 @@ Status check_problem(const Problem& p, const float* q, const float* out) {
   if (any_quantized) {
     if (p.layer.k_codes == nullptr || p.layer.v_codes == nullptr)
       return invalid_argument("attention: the layer's K/V code planes are null");
+    if (g.outlier_capacity > 0 && (p.layer.k_outliers == nullptr || p.layer.v_outliers == nullptr))
+      return invalid_argument("attention: the cache has outlier side planes but the layer's pointers to them are null");
     for (int kv = 0; kv < 2; ++kv)
       if (g.plane(kv).has_scales() && (kv == 0 ? p.layer.k_scales : p.layer.v_scales) == nullptr)
         return invalid_argument(std::string("attention: format ") + format_name(g.plane_format(kv)) +
@@ -112,7 +116,8 @@ Status check_problem(const Problem& p, const float* q, const float* out) {
 }
 
 TileLoader::TileLoader(const Problem& p)
-    : p_(p), k_scaled_(p.geom.plane(0).has_scales()), v_scaled_(p.geom.plane(1).has_scales()) {
+    : p_(p), k_geom_(p.geom.plane(0)), v_geom_(p.geom.plane(1)), k_scaled_(k_geom_.has_scales()),
+      v_scaled_(v_geom_.has_scales()) {
   for (int kv = 0; kv < 2; ++kv) {
     const Format f = p.geom.plane_format(kv);
     for (int c = 0; c < 256; ++c)
@@ -120,14 +125,14 @@ TileLoader::TileLoader(const Problem& p)
   }
 }
 
-void TileLoader::decode_row(int kv, const uint8_t* plane, size_t elem, float* out) const {
+void TileLoader::decode_row(int kv, const uint8_t* plane, size_t offset, float* out) const {
   const int d = p_.geom.head_dim;
+  const uint8_t* src = plane + offset;
   const Format f = p_.geom.plane_format(kv);
   switch (f) {
     case Format::kBf16:
     case Format::kFp16: {
       const bool bf16 = f == Format::kBf16;
-      const uint8_t* src = plane + elem * 2;
       for (int i = 0; i < d; ++i) {
         // Little-endian 2-byte values in a byte plane (as quant::quantize_row stores them).
         const uint16_t bits = static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8));
@@ -135,10 +140,14 @@ void TileLoader::decode_row(int kv, const uint8_t* plane, size_t elem, float* ou
       }
       break;
     }
-    default: {
-      const uint8_t* src = plane + elem;
+    case Format::kInt4:
+      for (int i = 0; i < d; i += 2) {
+        out[i] = static_cast<float>(format::unpack_int4_lo(src[i / 2]));
+        out[i + 1] = static_cast<float>(format::unpack_int4_hi(src[i / 2]));
+      }
+      break;
+    default:
       for (int i = 0; i < d; ++i) out[i] = lut_[kv][src[i]];
-    }
   }
 }
 
@@ -173,12 +182,24 @@ void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const 
   const int32_t* row = p_.tables.block_tables + static_cast<size_t>(seq) * p_.tables.max_blocks;
   for (int u = 0; u < n; ++u) {
     const int page = row[u / bs], slot = u % bs;
-    const size_t e = g.elem_index(page, head, slot);
-    decode_row(0, p_.layer.k_codes, e, &tile.k[static_cast<size_t>(u) * d]);
-    decode_row(1, p_.layer.v_codes, e, &tile.v[static_cast<size_t>(u) * d]);
+    // Each plane has its own format, hence its own byte offset (int4 packs two codes per byte).
+    decode_row(0, p_.layer.k_codes, k_geom_.code_offset(page, head, slot), &tile.k[static_cast<size_t>(u) * d]);
+    decode_row(1, p_.layer.v_codes, v_geom_.code_offset(page, head, slot), &tile.v[static_cast<size_t>(u) * d]);
     const size_t si = g.scale_index(page, head, slot);
     if (k_scaled_) tile.k_scale[u] = p_.layer.k_scales[si];
     if (v_scaled_) tile.v_scale[u] = p_.layer.v_scales[si];
+    if (g.outlier_capacity > 0) {
+      // A sparse entry holds the value itself; the tile holds codes that the scale multiplies later.
+      for (int kv = 0; kv < 2; ++kv) {
+        const uint32_t* plane = (kv == 0 ? p_.layer.k_outliers : p_.layer.v_outliers) + g.outlier_index(page, head);
+        float* row_out = &(kv == 0 ? tile.k : tile.v)[static_cast<size_t>(u) * d];
+        const float scale = kv == 0 ? tile.k_scale[u] : tile.v_scale[u];
+        for (uint32_t j = 0; j < plane[0]; ++j) {
+          const quant::OutlierEntry e = quant::unpack_outlier(plane[1 + j]);
+          if (e.index / d == slot) row_out[e.index % d] = format::fp16_to_float(e.value) / scale;
+        }
+      }
+    }
   }
 }
 

@@ -53,8 +53,9 @@ class TileLoader {
 
  private:
   // kv 0 = K, 1 = V: a layer of a per-layer mix may store them in different formats.
-  void decode_row(int kv, const uint8_t* plane, size_t elem, float* out) const;
+  void decode_row(int kv, const uint8_t* plane, size_t offset, float* out) const;  // offset: code_offset
   const Problem& p_;
+  cache::CacheGeometry k_geom_, v_geom_;  // p_.geom.plane(0 / 1)
   bool k_scaled_, v_scaled_;
   float lut_[2][256];  // byte code -> value for the 8-bit formats, K and V
 };

@@ -42,9 +42,10 @@ Status can_implement(const DecodeArgs& a) {
     return unsupported("cuda decode: head_dim " + str(g.head_dim) + " is not supported; the CUDA kernels take 64, 128 or 256 (the CPU backend takes any multiple of 8)");
   if (g.block_size != 16 && g.block_size != 32)
     return unsupported("cuda decode: block_size " + str(g.block_size) + " is not supported; use 16 or 32");
-  if (!format_traits(g.format).cache_ready)
+  if (!format_traits(g.format).device_ready || format_bits(g.format) < 8)
     return unsupported(std::string("cuda decode: ") + format_name(g.format) +
-                       " caches are not read by the CUDA backend yet; use int8 or fp8");
+                       " caches are not read by these kernels (whole-byte codes only; the CUDA backend reads int4 "
+                       "through its generic kernels)");
   if (g.num_kv_heads < 1) return invalid_argument("cuda decode: geometry has no kv heads");
   if (a.num_q_heads < 1 || a.num_q_heads % g.num_kv_heads != 0)
     return invalid_argument("cuda decode: num_q_heads (" + str(a.num_q_heads) + ") must be a positive multiple of num_kv_heads (" + str(g.num_kv_heads) + ")");

@@ -504,8 +504,10 @@ Status can_implement(const WriteArgs& a) {
     return unsupported("cuda write: head_dim " + d + " is not supported; the CUDA kernels take 64, 128 or 256");
   if (g.block_size != 16 && g.block_size != 32)
     return unsupported("cuda write: block_size " + std::to_string(g.block_size) + " is not supported; use 16 or 32");
-  if (!format_traits(g.format).cache_ready)
-    return unsupported(std::string("cuda write: ") + format_name(g.format) + " caches are not written by the CUDA backend yet");
+  if (!format_traits(g.format).device_ready || format_bits(g.format) < 8)
+    return unsupported(std::string("cuda write: ") + format_name(g.format) +
+                       " caches are not written by these kernels (whole-byte codes only; the CUDA backend writes int4 "
+                       "through its generic kernels)");
   if (g.num_kv_heads < 1) return invalid_argument("cuda write: geometry has no kv heads");
   if (a.num_tokens < 0) return invalid_argument("cuda write: num_tokens is negative");
   if (a.num_tokens == 0) return Status::ok();

@@ -43,9 +43,11 @@ Status blas_status(cublasStatus_t s, const char* what) {
   return Status(StatusCode::kCudaError, std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(s)));
 }
 
-// The fast kernels of attention/cuda (write and decode) take these shapes; others go generic.
+// The fast kernels of attention/cuda (write and decode) take these shapes, with whole-byte codes;
+// others go generic (so does int4, whose codes share bytes, until it has fast kernels).
 bool fast_shape(const cache::CacheGeometry& g) {
-  return (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256) && (g.block_size == 16 || g.block_size == 32);
+  return (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256) && (g.block_size == 16 || g.block_size == 32) &&
+         format_bits(g.format) >= 8;
 }
 
 Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
@@ -53,9 +55,12 @@ Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
     return unsupported(std::string("cuda ") + op + ": head_dim " + str(g.head_dim) +
                        " is not supported; the CUDA backend takes multiples of 8 up to 256");
   if (g.block_size < 1) return invalid_argument(std::string("cuda ") + op + ": block_size must be positive");
-  if (!format_traits(g.format).cache_ready)
+  if (!format_traits(g.format).device_ready)
     return unsupported(std::string("cuda ") + op + ": " + format_name(g.format) +
                        " caches are not supported by the CUDA backend; use int8 or fp8");
+  if (g.outlier_capacity > 0)
+    return unsupported(std::string("cuda ") + op +
+                       ": int4_outlier caches (sparse outlier planes) are CPU-only for now; use --backend cpu");
   if (g.num_kv_heads < 1) return invalid_argument(std::string("cuda ") + op + ": geometry has no kv heads");
   return Status::ok();
 }
@@ -213,7 +218,7 @@ class CudaBackend final : public Backend {
                              std::string(format_name(book.spec().plane_format(l, kv))) + " in layer " +
                              std::to_string(l) + (kv ? " V" : " K") + " next to " + format_name(g.format));
     if (fast_shape(g)) {
-      if (!format_traits(g.format).cache_ready)
+      if (!format_traits(g.format).device_ready)
         return unsupported(std::string("cuda backend: ") + format_name(g.format) + " caches are not supported; use int8 or fp8");
     } else {
       KVQ_RETURN_IF_ERROR(check_generic_shape(g, "cache"));
@@ -438,7 +443,7 @@ class CudaBackend final : public Backend {
 
   Status can_implement(const PrefillArgs& a) const override {
     if (fast_shape(a.geom)) {
-      if (!format_traits(a.geom.format).cache_ready)
+      if (!format_traits(a.geom.format).device_ready)
         return unsupported(std::string("cuda prefill: ") + format_name(a.geom.format) +
                            " caches are not supported; use int8 or fp8");
     } else {
@@ -648,6 +653,7 @@ class CudaBackend final : public Backend {
         cuda_ops::generic_attend_kernel<Format::kFp8E4m3Fnuz><<<grid, block, 0, stream_>>>(p);
         break;
       case Format::kInt8: cuda_ops::generic_attend_kernel<Format::kInt8><<<grid, block, 0, stream_>>>(p); break;
+      case Format::kInt4: cuda_ops::generic_attend_kernel<Format::kInt4><<<grid, block, 0, stream_>>>(p); break;
       default: return unsupported("cuda attention: unsupported cache format");
     }
     return launch_status(prefill_pos0 < 0 ? "cuda decode (generic)" : "cuda prefill (generic)");

@@ -74,6 +74,15 @@ inline bool all_finite(const float* x, size_t n) {
 // 0.42 prefill). That is why it is the rejected baseline; a wrong scale still shows as error ~1.
 inline double attention_error_budget(Format f, ScaleGranularity g) {
   if (!is_quantized(f)) return 2e-2;
+  // int4: 15 levels instead of 255 (steps 18x int8's). Provisional: set from one run of the sweep
+  // and the harness (passing), not yet the 40-seed calibration the other budgets had.
+  if (f == Format::kInt4) {
+    switch (g) {
+      case ScaleGranularity::kPerTokenHead: return 0.5;
+      case ScaleGranularity::kPerBlockHead: return 0.6;
+      case ScaleGranularity::kPerTensor: return 0.9;
+    }
+  }
   const bool fp8 = f == Format::kFp8E4m3 || f == Format::kFp8E4m3Fnuz;
   switch (g) {
     case ScaleGranularity::kPerTokenHead: return fp8 ? 0.10 : 0.12;
@@ -118,6 +127,7 @@ inline uint8_t poison_code_byte(Format f, size_t byte_index) {
     case Format::kFp8E4m3: return 0x7F;       // NaN
     case Format::kFp8E4m3Fnuz: return 0x80;   // NaN
     case Format::kInt8: return 0x7F;          // 127: no NaN in int8; a read shows as a large error
+    case Format::kInt4: return 0x77;          // both nibbles +7 (qmax): no NaN either
     case Format::kBf16: return byte_index % 2 == 0 ? 0xC0 : 0x7F;  // 0x7FC0 little-endian: NaN
     case Format::kFp16: return byte_index % 2 == 0 ? 0x00 : 0x7E;  // 0x7E00: NaN
     default: return 0xFF;
@@ -133,16 +143,14 @@ inline constexpr uint16_t kPoisonBf16 = 0x7FC0;
 inline Status poison_unowned(cache::PagedKvCache& c, const std::vector<cache::SeqId>& live) {
   const cache::CacheGeometry& g = c.geometry();
   const int bs = g.block_size, hkv = g.num_kv_heads, d = g.head_dim;
-  if (format_bits(g.format) % 8 != 0) return unsupported("poison_unowned: sub-byte formats are not handled");
-  const size_t elem_bytes = format_bits(g.format) / 8;
   const float nan = std::nanf("");
   const bool per_slot_scales = g.has_scales() && g.granularity == ScaleGranularity::kPerTokenHead;
   const bool per_page_scales = g.has_scales() && g.granularity == ScaleGranularity::kPerBlockHead;
   // Slots [from, bs) of main page `page` (from = 0: the whole page).
   auto poison_main = [&](const cache::LayerView& lv, int page, int from) {
     for (int h = 0; h < hkv; ++h) {
-      const size_t b0 = g.elem_index(page, h, from) * elem_bytes;
-      const size_t b1 = (g.elem_index(page, h, bs - 1) + d) * elem_bytes;
+      const size_t b0 = g.code_offset(page, h, from);
+      const size_t b1 = g.code_offset(page, h, bs - 1) + g.row_code_bytes();
       for (size_t b = b0; b < b1; ++b) lv.k_codes[b] = lv.v_codes[b] = poison_code_byte(g.format, b);
       if (per_slot_scales)
         for (int s = from; s < bs; ++s) lv.k_scales[g.scale_index(page, h, s)] = lv.v_scales[g.scale_index(page, h, s)] = nan;

@@ -22,6 +22,7 @@ namespace kvq::attention::testing {
 struct AttnCase {
   Format format = Format::kBf16;
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
+  bool outliers = false;  // int4_outlier
   int head_dim = 64, num_kv_heads = 1, group = 1, block_size = 16, sink = 0;
   std::vector<int> lens;
   uint64_t seed = 0;
@@ -29,7 +30,7 @@ struct AttnCase {
   int num_q_heads() const { return num_kv_heads * group; }
   // gtest-safe name (letters, digits, underscores).
   std::string name() const {
-    std::string n = std::string(format_name(format));
+    std::string n = std::string(format_name(format)) + (outliers ? "_outlier" : "");
     if (is_quantized(format)) n += std::string("_") + granularity_name(granularity);
     return n + "_D" + std::to_string(head_dim) + "_Hkv" + std::to_string(num_kv_heads) + "_G" +
            std::to_string(group) + "_B" + std::to_string(block_size) + "_S" + std::to_string(sink);
@@ -38,6 +39,7 @@ struct AttnCase {
     SyntheticCacheOptions o;
     o.spec.format = format;
     o.spec.granularity = granularity;
+    o.spec.outliers = outliers;
     o.spec.block_size = block_size;
     o.spec.sink_tokens = sink;
     o.kv.num_kv_heads = num_kv_heads;
@@ -78,12 +80,14 @@ inline std::vector<AttnCase> sampled_sweep() {
   struct Pair {
     Format f;
     ScaleGranularity g;
+    bool outliers = false;
   };
   std::vector<Pair> pairs = {{Format::kBf16, ScaleGranularity::kPerTokenHead}};
-  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8})
+  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kInt4})
     for (ScaleGranularity g :
          {ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead, ScaleGranularity::kPerTensor})
       pairs.push_back({f, g});
+  pairs.push_back({Format::kInt4, ScaleGranularity::kPerTokenHead, true});
   std::vector<AttnCase> cases;
   for (size_t i = 0; i < pairs.size(); ++i) {
     const int n_shapes = is_quantized(pairs[i].f) ? 3 : 6;  // the bf16 baseline runs every shape
@@ -92,6 +96,7 @@ inline std::vector<AttnCase> sampled_sweep() {
       AttnCase c;
       c.format = pairs[i].f;
       c.granularity = pairs[i].g;
+      c.outliers = pairs[i].outliers;
       c.head_dim = s.head_dim;
       c.num_kv_heads = s.num_kv_heads;
       c.group = s.group;

@@ -15,6 +15,7 @@
 #include "kvq/cache/layout.h"
 #include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
+#include "kvq/quant/policy.h"
 
 namespace kvq::backend::cuda_ops {
 
@@ -48,8 +49,14 @@ __device__ __forceinline__ float row_amax(const float* row, int d) {
   return warp_max(a);
 }
 
-// quant::quantize_row of one row of d values into element `elem` of a codes plane.
-__device__ __forceinline__ void store_row(Format f, uint8_t* codes, size_t elem, const float* x, int d, float scale) {
+// quant::quantize_row of one row of d values at byte `offset` of a codes plane (code_offset; for
+// the bf16 sink, 2 * elem_index). int4: lane j packs elements 2j and 2j + 1 into one byte.
+__device__ __forceinline__ void store_row(Format f, uint8_t* codes, size_t offset, const float* x, int d, float scale) {
+  if (f == Format::kInt4) {
+    for (int i = 2 * threadIdx.x; i < d; i += 64) codes[offset + i / 2] = quant::quantize_int4_pair(x[i], x[i + 1], scale);
+    return;
+  }
+  const size_t elem = f == Format::kBf16 || f == Format::kFp16 ? offset / 2 : offset;
   for (int i = threadIdx.x; i < d; i += 32) {
     const float v = x[i];
     if (f == Format::kBf16) {
@@ -95,19 +102,19 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
       const int32_t s = p.slots[t];
       const int page = cache::slot_page(s, bs), slot = cache::slot_in_page(s, bs);
       if (cache::slot_is_sink(s)) {
-        store_row(Format::kBf16, reinterpret_cast<uint8_t*>(sink), g.elem_index(page, h, slot), row(t, h), d, 1.f);
+        store_row(Format::kBf16, reinterpret_cast<uint8_t*>(sink), 2 * g.elem_index(page, h, slot), row(t, h), d, 1.f);
         ++t;
         continue;
       }
       if (!quantized || g.granularity == ScaleGranularity::kPerTensor) {
-        store_row(f, codes, g.elem_index(page, h, slot), row(t, h), d, quantized ? scales[0] : 1.f);
+        store_row(f, codes, g.code_offset(page, h, slot), row(t, h), d, quantized ? scales[0] : 1.f);
         ++t;
         continue;
       }
       if (g.granularity == ScaleGranularity::kPerTokenHead) {
         const float scale = scale_for_amax(f, row_amax(row(t, h), d));
         if (threadIdx.x == 0) scales[g.scale_index(page, h, slot)] = scale;
-        store_row(f, codes, g.elem_index(page, h, slot), row(t, h), d, scale);
+        store_row(f, codes, g.code_offset(page, h, slot), row(t, h), d, scale);
         ++t;
         continue;
       }
@@ -131,10 +138,17 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
         // The page head's scale grows: re-quantize its earlier slots (dequantize with the old scale).
         const float grown = scale_for_amax(f, amax);
         for (int r = 0; r < slot; ++r) {
-          const size_t e = g.elem_index(page, h, r);
+          uint8_t* c = codes + g.code_offset(page, h, r);
+          if (f == Format::kInt4) {  // a byte holds two codes: lane j re-encodes byte j
+            for (int j = threadIdx.x; j < d / 2; j += 32) {
+              const float lo = float(format::unpack_int4_lo(c[j])) * scale, hi = float(format::unpack_int4_hi(c[j])) * scale;
+              c[j] = quant::quantize_int4_pair(lo, hi, grown);
+            }
+            continue;
+          }
           for (int i = threadIdx.x; i < d; i += 32) {
-            const float x = kvq::decode_byte(f, codes[e + i]) * scale;
-            codes[e + i] = quant::quantize_value(f, x, grown);
+            const float x = kvq::decode_byte(f, c[i]) * scale;
+            c[i] = quant::quantize_value(f, x, grown);
           }
         }
         scale = grown;
@@ -142,7 +156,7 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
         if (threadIdx.x == 0) *amax_slot = amax, scales[si] = grown;
       }
       __syncwarp();
-      for (int r = 0; r < len; ++r) store_row(f, codes, g.elem_index(page, h, slot + r), row(t + r, h), d, scale);
+      for (int r = 0; r < len; ++r) store_row(f, codes, g.code_offset(page, h, slot + r), row(t + r, h), d, scale);
       t += len;
     }
   }
@@ -160,8 +174,9 @@ struct GenericAttendParams {
   int prefill_pos0;  // < 0: decode (row r = sequence r); else causal prefill of sequence 0
 };
 
-// Where token j of one kv head lives: element index of its dim 0 in the sink or the codes plane
-// and its K and V scales (1 for sink and 16-bit tokens). Looked up once per token.
+// Where token j of one kv head lives: its dim 0 as an element index into the bf16 sink or a byte
+// offset into the codes plane (code_offset), and its K and V scales (1 for sink and 16-bit
+// tokens). Looked up once per token.
 struct TokRef {
   unsigned long long elem;
   float ks, vs;
@@ -178,7 +193,7 @@ __device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq,
   }
   const int u = j - sink_len;
   const int page = p.tables.block_tables[size_t(seq) * p.tables.max_blocks + u / bs], slot = u % bs;
-  TokRef t{g.elem_index(page, kvh, slot), 1.f, 1.f, 0};
+  TokRef t{g.code_offset(page, kvh, slot), 1.f, 1.f, 0};
   if constexpr (F != Format::kBf16 && F != Format::kFp16) {
     const size_t si = g.scale_index(page, kvh, slot);  // per_tensor: 0
     t.ks = p.layer.k_scales[si];
@@ -192,8 +207,9 @@ template <Format F>
 __device__ __forceinline__ float tok_value(const GenericAttendParams& p, bool is_v, const TokRef& t, int i) {
   if (t.sink) return format::bf16_to_float((is_v ? p.layer.v_sink : p.layer.k_sink)[t.elem + i]);
   const uint8_t* c = is_v ? p.layer.v_codes : p.layer.k_codes;
-  if constexpr (F == Format::kBf16) return format::bf16_to_float(reinterpret_cast<const uint16_t*>(c)[t.elem + i]);
-  else if constexpr (F == Format::kFp16) return format::fp16_to_float(reinterpret_cast<const uint16_t*>(c)[t.elem + i]);
+  if constexpr (F == Format::kBf16) return format::bf16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
+  else if constexpr (F == Format::kFp16) return format::fp16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
+  else if constexpr (F == Format::kInt4) return float(format::int4_at(c + t.elem, size_t(i))) * (is_v ? t.vs : t.ks);
   else return kvq::decode_byte(F, c[t.elem + i]) * (is_v ? t.vs : t.ks);
 }
 
