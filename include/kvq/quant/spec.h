@@ -38,10 +38,15 @@ struct QuantSpec {
   int sink_tokens = 256;   // first N tokens of each sequence kept in bf16; 0 disables
                            // (0 ..= kMaxSinkTokens)
   KvRotation rotation = KvRotation::kNone;  // applies to every format (bf16 included)
+  // The last R tokens of each sequence are attended in bf16 (KIVI's residual window): a query at
+  // position t reads key j from a bf16 copy iff j >= t + 1 - R, else from the stored codes. 0 = off;
+  // a no-op for unquantized formats (0 ..= kMaxSinkTokens).
+  int recent_tokens = 0;
 
   bool quantized() const { return is_quantized(format); }
   // e.g. "fp8_e4m3/per_token_head/b16/sink256"; unquantized formats omit the granularity
-  // ("bf16/b16/sink0"); a rotation is appended ("int8/per_token_head/b16/sink256/hadamard").
+  // ("bf16/b16/sink0"); a recent window of a quantized format and a rotation are appended
+  // ("int8/per_token_head/b16/sink256/recent128/hadamard").
   std::string to_string() const;
 };
 
@@ -53,6 +58,7 @@ struct QuantOptions {
   int block_size = 16;
   int sink_tokens = 256;
   std::string rotate = "none";  // none | hadamard
+  int recent_tokens = 0;        // --kv-recent-tokens
 };
 
 // `auto_format` is what `auto` resolves to on this machine (see hardware probe, DESIGN §7).
@@ -61,7 +67,7 @@ struct QuantOptions {
 //                   fp8_fnuz (== fp8_e4m3_fnuz, AMD) | int8;  int4, int4_kivi, fp8_e5m2 -> kUnsupported
 //   granularity:    per_tensor | per_token_head | per_block_head
 //   scale_dtype:    fp32 (float32);  fp16 -> kUnsupported
-//   block_size:     16 | 32;   sink_tokens: 0 ..= kMaxSinkTokens;   rotate: none | hadamard
+//   block_size:     16 | 32;   sink_tokens, recent_tokens: 0 ..= kMaxSinkTokens;   rotate: none | hadamard
 Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format = Format::kInt8);
 
 // "fp8" -> fp8_e4m3, "fp8_fnuz" -> fp8_e4m3_fnuz, ...; "auto" is kInvalidArgument here.

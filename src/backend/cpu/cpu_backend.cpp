@@ -278,8 +278,15 @@ Status CpuBackend::can_implement(const CacheWriteArgs& a) const {
                                 std::to_string(a.slot_mapping[s.row0 + t]) + " but the block tables put token " +
                                 std::to_string(pos) + " of sequence " + std::to_string(s.seq) + " at " +
                                 std::to_string(want));
+      if (a.recent_slot_mapping != nullptr && a.recent_slot_mapping[s.row0 + t] != a.book->recent_slot_of(s.seq, pos))
+        return invalid_argument("cache write: recent_slot_mapping[" + std::to_string(s.row0 + t) + "] is " +
+                                std::to_string(a.recent_slot_mapping[s.row0 + t]) + " but the recent table puts token " +
+                                std::to_string(pos) + " of sequence " + std::to_string(s.seq) + " at " +
+                                std::to_string(a.book->recent_slot_of(s.seq, pos)));
     }
   }
+  if (a.rows > 0 && a.book->geometry().recent_tokens > 0 && a.recent_slot_mapping == nullptr)
+    return invalid_argument("cache write: the cache has a bf16 recent window but recent_slot_mapping is null");
   return Status::ok();
 }
 size_t CpuBackend::workspace_size(const CacheWriteArgs&) const { return 0; }
