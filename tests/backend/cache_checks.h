@@ -402,7 +402,9 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
     EXPECT_TRUE(same_bytes("K recent", got.k_recent.data(), want.k_recent.data(), want.k_recent.size() * 2, 2, g));
     EXPECT_TRUE(same_bytes("V recent", got.v_recent.data(), want.v_recent.data(), want.v_recent.size() * 2, 2, g));
   }
-  if (c.recent > 0) EXPECT_GT(ref.memory_report().recent_pages_used, 0);
+  if (c.recent > 0) {
+    EXPECT_GT(ref.memory_report().recent_pages_used, 0);
+  }
 }
 
 // ---- Decode / Prefill --------------------------------------------------------------------------------

@@ -228,7 +228,7 @@ Result<CacheGrid> to_cache_grid(const CacheCliOptions& o, CacheCommand cmd) {
     if (r.is_auto)
       return invalid_argument("--kv-cache-dtype auto is for eval and generate; the benchmarks time named dtypes "
                               "(bf16, fp16, fp8, fp8_fnuz, int8)");
-    if (r.spec.block_size != o.block_size || r.spec.sink_tokens != o.sink_tokens)
+    if (r.spec.block_size != o.block_size || r.spec.sink_tokens != o.sink_tokens || r.spec.recent_tokens != 0)
       return invalid_argument("--kv-cache-dtype entry '" + r.label +
                               "': per-entry options are for kvq eval; set --block-size and --kv-sink-tokens");
     if (std::find(g.formats.begin(), g.formats.end(), r.spec.format) == g.formats.end()) {

@@ -153,33 +153,49 @@ void TileLoader::decode_row(const uint8_t* plane, size_t elem, float* out) const
   }
 }
 
-void TileLoader::load_sink(int seq, int head, int n, PartTile& tile) const {
-  const cache::CacheGeometry& g = p_.geom;
-  const int d = g.head_dim, bs = g.block_size;
+namespace {
+
+// Sizes `tile` for n tokens with unit scales (the scales of bf16 tokens).
+void start_tile(PartTile& tile, int n, int d) {
   tile.n = n;
   tile.k.resize(static_cast<size_t>(n) * d);
   tile.v.resize(static_cast<size_t>(n) * d);
   tile.k_scale.assign(n, 1.f);
   tile.v_scale.assign(n, 1.f);
-  if (n == 0) return;  // the table may be null then
-  const int32_t* row = p_.tables.sink_tables + static_cast<size_t>(seq) * p_.tables.max_sink_blocks;
-  for (int t = 0; t < n; ++t) {
-    const size_t e = g.elem_index(row[t / bs], head, t % bs);
-    for (int i = 0; i < d; ++i) {
-      tile.k[static_cast<size_t>(t) * d + i] = format::bf16_to_float(p_.layer.k_sink[e + i]);
-      tile.v[static_cast<size_t>(t) * d + i] = format::bf16_to_float(p_.layer.v_sink[e + i]);
+}
+
+// bf16 tokens [u0, u0 + n) of one table row (page u / bs, slot u % bs), kv head `head`.
+void load_bf16_tokens(const cache::CacheGeometry& g, const int32_t* row, const uint16_t* k, const uint16_t* v,
+                      int head, int u0, int n, PartTile& tile) {
+  const int d = g.head_dim, bs = g.block_size;
+  start_tile(tile, n, d);
+  for (int i = 0; i < n; ++i) {
+    const int u = u0 + i;
+    const size_t e = g.elem_index(row[u / bs], head, u % bs);
+    for (int c = 0; c < d; ++c) {
+      tile.k[static_cast<size_t>(i) * d + c] = format::bf16_to_float(k[e + c]);
+      tile.v[static_cast<size_t>(i) * d + c] = format::bf16_to_float(v[e + c]);
     }
   }
+}
+
+}  // namespace
+
+void TileLoader::load_sink(int seq, int head, int n, PartTile& tile) const {
+  // With n == 0 the table may be null: the row pointer is never read then.
+  const int32_t* row = n > 0 ? p_.tables.sink_tables + static_cast<size_t>(seq) * p_.tables.max_sink_blocks : nullptr;
+  load_bf16_tokens(p_.geom, row, p_.layer.k_sink, p_.layer.v_sink, head, 0, n, tile);
+}
+
+void TileLoader::load_recent(int seq, int head, int u0, int n, PartTile& tile) const {
+  const int32_t* row = n > 0 ? p_.tables.recent_tables + static_cast<size_t>(seq) * p_.tables.max_blocks : nullptr;
+  load_bf16_tokens(p_.geom, row, p_.layer.k_recent, p_.layer.v_recent, head, u0, n, tile);
 }
 
 void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const {
   const cache::CacheGeometry& g = p_.geom;
   const int d = g.head_dim, bs = g.block_size;
-  tile.n = n;
-  tile.k.resize(static_cast<size_t>(n) * d);
-  tile.v.resize(static_cast<size_t>(n) * d);
-  tile.k_scale.assign(n, 1.f);
-  tile.v_scale.assign(n, 1.f);
+  start_tile(tile, n, d);
   if (n == 0) return;  // the table may be null then
   const int32_t* row = p_.tables.block_tables + static_cast<size_t>(seq) * p_.tables.max_blocks;
   for (int u = 0; u < n; ++u) {
@@ -191,26 +207,6 @@ void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const 
       const size_t si = g.scale_index(page, head, slot);
       tile.k_scale[u] = p_.layer.k_scales[si];
       tile.v_scale[u] = p_.layer.v_scales[si];
-    }
-  }
-}
-
-void TileLoader::load_recent(int seq, int head, int u0, int n, PartTile& tile) const {
-  const cache::CacheGeometry& g = p_.geom;
-  const int d = g.head_dim, bs = g.block_size;
-  tile.n = n;
-  tile.k.resize(static_cast<size_t>(n) * d);
-  tile.v.resize(static_cast<size_t>(n) * d);
-  tile.k_scale.assign(n, 1.f);
-  tile.v_scale.assign(n, 1.f);
-  if (n <= 0) return;  // the table may be null then
-  const int32_t* row = p_.tables.recent_tables + static_cast<size_t>(seq) * p_.tables.max_blocks;
-  for (int i = 0; i < n; ++i) {
-    const int u = u0 + i;
-    const size_t e = g.elem_index(row[u / bs], head, u % bs);
-    for (int c = 0; c < d; ++c) {
-      tile.k[static_cast<size_t>(i) * d + c] = format::bf16_to_float(p_.layer.k_recent[e + c]);
-      tile.v[static_cast<size_t>(i) * d + c] = format::bf16_to_float(p_.layer.v_recent[e + c]);
     }
   }
 }

@@ -30,6 +30,7 @@ class HostCacheStorage final : public CacheStorage {
     out->k_codes = p.k_codes, out->v_codes = p.v_codes;
     out->k_scales = p.k_scales, out->v_scales = p.v_scales;
     out->k_sink = p.k_sink, out->v_sink = p.v_sink;
+    out->k_recent = p.k_recent, out->v_recent = p.v_recent;
     return Status::ok();
   }
   cache::PagedKvCache* book() const { return &book_; }
