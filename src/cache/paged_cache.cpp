@@ -221,6 +221,8 @@ Result<SeqId> PagedKvCache::fork(SeqId parent) {
   const bool copy_sink = sink_len % bs != 0 && sink_len < src.sink_capacity;
   const int copy_recent =
       static_cast<int>(std::count_if(src.recent_blocks.begin(), src.recent_blocks.end(), [](int32_t p) { return p >= 0; }));
+  // Refused before anything changes: a bookkeeping-only cache cannot copy the twins' bf16 data.
+  if (copy_recent > 0 && !cfg_.host_planes) return no_planes("forking a sequence with bf16 recent-window pages");
   if (copy_recent > recent_pool_.num_free()) {
     return out_of_memory("forking " + seq_name(parent) + " needs " + std::to_string(copy_recent) +
                          " free recent-window pages for private bf16 copies (" + std::to_string(recent_pool_.num_free()) +

@@ -169,6 +169,24 @@ TEST(RecentWindow, ForkCopiesTwinsAndTheyDiverge) {
   EXPECT_EQ(c.recent_pool().num_free(), 12);
 }
 
+// A bookkeeping-only cache (a device backend's) cannot copy twins: fork is refused up front,
+// leaving the pools as they were.
+TEST(RecentWindow, ForkWithoutHostPlanesIsRefusedUpFront) {
+  CacheConfig cfg = window_config(Format::kInt8, ScaleGranularity::kPerTokenHead, 16, 0, 20, 12);
+  cfg.host_planes = false;
+  auto made = PagedKvCache::create(cfg);
+  ASSERT_TRUE(made.is_ok());
+  PagedKvCache& c = *made.value();
+  const SeqId p = c.add_sequence().value();
+  ASSERT_TRUE(c.extend(p, 37).is_ok());
+  const int main_free = c.pool().num_free(), recent_free = c.recent_pool().num_free();
+  auto child = c.fork(p);
+  ASSERT_FALSE(child.is_ok());
+  EXPECT_EQ(child.status().code(), StatusCode::kUnsupported);
+  EXPECT_EQ(c.pool().num_free(), main_free);
+  EXPECT_EQ(c.recent_pool().num_free(), recent_free);
+}
+
 TEST(RecentWindow, SharePrefixRefusedAndTruncateKeepsOnlyAHeldWindow) {
   auto made = PagedKvCache::create(window_config(Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 16, 0, 20, 8));
   ASSERT_TRUE(made.is_ok());
