@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -23,6 +24,13 @@ CacheConfig window_config(Format f, ScaleGranularity g, int bs, int sink, int re
   c.spec.recent_tokens = recent;
   c.num_recent_pages = recent_pages;
   return c;
+}
+
+// A cache of the test's shape with block 16 (null after a failed expectation).
+std::unique_ptr<PagedKvCache> window_cache(Format f, ScaleGranularity g, int sink, int recent, int recent_pages) {
+  auto made = PagedKvCache::create(window_config(f, g, 16, sink, recent, recent_pages));
+  EXPECT_TRUE(made.is_ok()) << made.status().to_string();
+  return made.is_ok() ? std::move(made).value() : nullptr;
 }
 
 // bf16 bits of one token's K (kv 0) or V (kv 1) row of head h, read from its twin page.
@@ -141,9 +149,9 @@ void grow(PagedKvCache& c, SeqId s, int n, std::mt19937& rng) {
 }
 
 TEST(RecentWindow, ForkCopiesTwinsAndTheyDiverge) {
-  auto made = PagedKvCache::create(window_config(Format::kInt8, ScaleGranularity::kPerTokenHead, 16, 0, 20, 12));
-  ASSERT_TRUE(made.is_ok());
-  PagedKvCache& c = *made.value();
+  const auto made = window_cache(Format::kInt8, ScaleGranularity::kPerTokenHead, 0, 20, 12);
+  ASSERT_TRUE(made);
+  PagedKvCache& c = *made;
   std::mt19937 rng(3);
   const SeqId p = c.add_sequence().value();
   grow(c, p, 37, rng);
@@ -188,9 +196,9 @@ TEST(RecentWindow, ForkWithoutHostPlanesIsRefusedUpFront) {
 }
 
 TEST(RecentWindow, SharePrefixRefusedAndTruncateKeepsOnlyAHeldWindow) {
-  auto made = PagedKvCache::create(window_config(Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 16, 0, 20, 8));
-  ASSERT_TRUE(made.is_ok());
-  PagedKvCache& c = *made.value();
+  const auto made = window_cache(Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 0, 20, 8);
+  ASSERT_TRUE(made);
+  PagedKvCache& c = *made;
   std::mt19937 rng(5);
   const SeqId s = c.add_sequence().value();
   for (int i = 0; i < 6; ++i) grow(c, s, 16, rng);  // 96 tokens; the last extend kept [61, 96)'s pages
@@ -210,9 +218,9 @@ TEST(RecentWindow, SharePrefixRefusedAndTruncateKeepsOnlyAHeldWindow) {
 
 TEST(RecentWindow, ExhaustedRecentPoolChangesNothing) {
   const int per_seq = PagedKvCache::recent_pages_per_sequence(20, 16, 16);  // 4
-  auto made = PagedKvCache::create(window_config(Format::kInt8, ScaleGranularity::kPerTokenHead, 16, 0, 20, per_seq));
-  ASSERT_TRUE(made.is_ok());
-  PagedKvCache& c = *made.value();
+  const auto made = window_cache(Format::kInt8, ScaleGranularity::kPerTokenHead, 0, 20, per_seq);
+  ASSERT_TRUE(made);
+  PagedKvCache& c = *made;
   std::mt19937 rng(9);
   const SeqId a = c.add_sequence().value();
   for (int i = 0; i < 8; ++i) grow(c, a, 16, rng);  // one sequence runs forever in its window
