@@ -362,6 +362,7 @@ NB_MODULE(_kvq, m) {
         nb::dict d;
         d["code_bytes"] = r.code_bytes, d["scale_bytes"] = r.scale_bytes, d["sink_bytes"] = r.sink_bytes;
         d["pages_used"] = r.pages_used, d["sink_pages_used"] = r.sink_pages_used;
+        d["recent_bytes"] = r.recent_bytes, d["recent_pages_used"] = r.recent_pages_used;
         d["pages_free"] = c.book().pool().num_free();
         return d;
       })

@@ -54,7 +54,7 @@ bool same_cache(const QuantSpec& a, const QuantSpec& b) {
   if (a.format != b.format || a.rotation != b.rotation || a.outliers != b.outliers) return false;
   if (!a.quantized()) return true;
   return a.granularity == b.granularity && a.scale_dtype == b.scale_dtype && a.block_size == b.block_size &&
-         a.sink_tokens == b.sink_tokens;
+         a.sink_tokens == b.sink_tokens && a.recent_tokens == b.recent_tokens;
 }
 
 std::vector<QuantSpec> auto_fallback_chain(const QuantSpec& settings, Format first) {

@@ -47,6 +47,7 @@ std::string QuantSpec::to_string() const {
   }
   s += "/b" + std::to_string(block_size);
   s += "/sink" + std::to_string(sink_tokens);
+  if (quantized() && recent_tokens > 0) s += "/recent" + std::to_string(recent_tokens);
   if (rotation != KvRotation::kNone) s += std::string("/") + rotation_name(rotation);
   return s;
 }
@@ -123,6 +124,12 @@ Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format)
                             std::to_string(kMaxSinkTokens));
   }
   spec.sink_tokens = opts.sink_tokens;
+
+  if (opts.recent_tokens < 0 || opts.recent_tokens > kMaxSinkTokens) {
+    return invalid_argument("--kv-recent-tokens " + std::to_string(opts.recent_tokens) +
+                            " is out of range; accepted: 0 (no bf16 window) to " + std::to_string(kMaxSinkTokens));
+  }
+  spec.recent_tokens = opts.recent_tokens;
 
   Result<KvRotation> r = parse_rotation(opts.rotate);
   if (!r.is_ok()) return r.status();

@@ -171,6 +171,24 @@ TEST(ParseQuantSpec, Rotation) {
   EXPECT_NE(bad.status().message().find("none, hadamard"), std::string::npos) << bad.status().message();
 }
 
+TEST(ParseQuantSpec, RecentWindow) {
+  QuantOptions o;
+  o.kv_cache_dtype = "fp8";
+  o.recent_tokens = 128;
+  auto s = parse_quant_spec(o);
+  ASSERT_TRUE(s.is_ok());
+  EXPECT_EQ(s.value().recent_tokens, 128);
+  EXPECT_EQ(s.value().to_string(), "fp8_e4m3/per_token_head/b16/sink256/recent128");
+  o.kv_cache_dtype = "bf16";  // kept, but a no-op for unquantized pages, so not printed
+  EXPECT_EQ(parse_quant_spec(o).value().to_string(), "bf16/b16/sink256");
+  for (int bad : {-1, kMaxSinkTokens + 1}) {
+    o.recent_tokens = bad;
+    auto r = parse_quant_spec(o);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("--kv-recent-tokens"), std::string::npos) << r.status().message();
+  }
+}
+
 TEST(ParseQuantSpec, SinkBounds) {
   QuantOptions o;
   o.sink_tokens = kMaxSinkTokens;

@@ -10,6 +10,7 @@
 //   --block-size            16|32
 //   --kv-sink-tokens        N (0 disables)
 //   --kv-rotate             none|hadamard (eval, generate, serve: the commands that run the engine)
+//   --kv-recent-tokens      R: the last R tokens attended in bf16, 0 disables (eval, generate, serve)
 //   --backend               cpu|cuda|auto
 //
 // Old spellings (bench's --formats, --granularity, --granularities, --sink; generate's
@@ -43,6 +44,7 @@ struct CacheCliOptions {
   int block_size = 16;
   int sink_tokens = 256;
   std::string kv_rotate = "none";
+  int recent_tokens = 0;
   std::string backend = "auto";  // validated: cpu | cuda | auto
 };
 
@@ -53,6 +55,7 @@ struct CacheFlagSet {
   const char* command = "";  // as typed after `kvq`: "eval", "bench decode"
   bool dtype = true, granularity = true, scale_dtype = true, block_size = true, sink = true, backend = true;
   bool rotate = true;  // only commands whose cache goes through the engine (the rotation is an engine step)
+  bool recent = true;  // likewise: the window needs the engine's bf16 recent pages
   bool lists = false;
   CacheCliOptions defaults;
   struct Alias {

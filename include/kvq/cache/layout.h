@@ -14,9 +14,13 @@
 //   sink   [num_sink_pages][num_kv_heads][block_size][head_dim] bf16
 //   outliers (int4_outlier only): [num_pages][num_kv_heads][1 + outlier_capacity] uint32: a count,
 //          then that many sparse entries (quant/outlier.h: slot * head_dim + channel, fp16 value)
+//   recent [num_recent_pages][num_kv_heads][block_size][head_dim] bf16 (bf16 recent window)
 // One block table per sequence is shared by all layers: page p is page p in every layer's pool.
 // Token t of a sequence lives in the sink when t < sink_len (sink page sink_table[t / bs]),
 // otherwise at u = t - sink_len in page block_table[u / bs], slot u % bs.
+// Recent window (recent_tokens R > 0): main page block_table[b] may have a bf16 twin
+// recent_table[b] (same slots; -1 once the page has left the window). A query at position q reads
+// key t >= sink_len from the twin iff t >= q + 1 - R (uses_recent), otherwise from the codes.
 #include <cstddef>
 #include <cstdint>
 
@@ -38,6 +42,8 @@ struct CacheGeometry {
   int block_size = 16;
   int num_pages = 0;       // quantized pages per layer (the main pool)
   int num_sink_pages = 0;  // bf16 sink pages per layer
+  int num_recent_pages = 0;  // bf16 recent-window pages per layer
+  int recent_tokens = 0;     // R of the recent window (0 = off; always 0 for unquantized formats)
   Format format = Format::kBf16;
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   int outlier_capacity = 0;  // sparse entries per page head (int4_outlier); 0: no outlier plane
@@ -96,7 +102,22 @@ struct CacheGeometry {
   KVQ_HD size_t sink_plane_bytes() const {
     return align_up(bytes_per_sink_page() * num_sink_pages, kPlaneAlignment);
   }
+  KVQ_HD size_t recent_plane_bytes() const {
+    return align_up(bytes_per_sink_page() * num_recent_pages, kPlaneAlignment);
+  }
 };
+
+// Whether a query at position `q_pos` reads main-pool key `key_pos` from its bf16 recent twin.
+KVQ_HD bool uses_recent(int key_pos, int q_pos, int recent_tokens) {
+  return recent_tokens > 0 && key_pos >= q_pos + 1 - recent_tokens;
+}
+// The first main-part index u (key position sink_len + u) that a query at `q_pos` reads in bf16;
+// main_len when none (the window is off or lies inside the sink).
+KVQ_HD int recent_first_main(int q_pos, int sink_len, int main_len, int recent_tokens) {
+  if (recent_tokens <= 0) return main_len;
+  const int u = q_pos + 1 - recent_tokens - sink_len;
+  return u < 0 ? 0 : (u > main_len ? main_len : u);
+}
 
 // Destination of one token row in a cache write (backend::CacheWriteArgs::slot_mapping): a main
 // pool slot is page * block_size + slot (>= 0), a bf16 sink slot -(sink_page * block_size + slot) - 1.
@@ -127,6 +148,8 @@ struct LayerView {
   uint16_t* v_sink = nullptr;
   uint32_t* k_outliers = nullptr;  // null unless the geometry has an outlier plane
   uint32_t* v_outliers = nullptr;
+  uint16_t* k_recent = nullptr;  // bf16 bits; null when the cache has no recent window
+  uint16_t* v_recent = nullptr;
 };
 
 // Sparse entries per page head that a spec asks for (int4_outlier), 0 for every other spec.
@@ -143,6 +166,9 @@ struct BatchTablesView {
   int max_blocks = 0;
   const int32_t* sink_tables = nullptr;   // [num_seqs][max_sink_blocks]
   int max_sink_blocks = 0;
+  // [num_seqs][max_blocks], column b the bf16 twin of block_tables' column b (-1: none). Needed
+  // when geometry.recent_tokens > 0, ignored otherwise.
+  const int32_t* recent_tables = nullptr;
 };
 
 // Memory accounting of the main (quantized) pool. Shapes are assumed valid (PagedKvCache::create

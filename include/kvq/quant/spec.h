@@ -40,10 +40,15 @@ struct QuantSpec {
   KvRotation rotation = KvRotation::kNone;  // applies to every format (bf16 included)
   // int4_outlier: int4 per_token_head codes plus a per-page sparse fp16 plane (quant/outlier.h).
   bool outliers = false;
+  // The last R tokens of each sequence are attended in bf16 (KIVI's residual window): a query at
+  // position t reads key j from a bf16 copy iff j >= t + 1 - R, else from the stored codes. 0 = off;
+  // a no-op for unquantized formats (0 ..= kMaxSinkTokens).
+  int recent_tokens = 0;
 
   bool quantized() const { return is_quantized(format); }
   // e.g. "fp8_e4m3/per_token_head/b16/sink256"; unquantized formats omit the granularity
-  // ("bf16/b16/sink0"); a rotation is appended ("int8/per_token_head/b16/sink256/hadamard").
+  // ("bf16/b16/sink0"); a recent window of a quantized format and a rotation are appended
+  // ("int8/per_token_head/b16/sink256/recent128/hadamard").
   std::string to_string() const;
 };
 
@@ -55,6 +60,7 @@ struct QuantOptions {
   int block_size = 16;
   int sink_tokens = 256;
   std::string rotate = "none";  // none | hadamard
+  int recent_tokens = 0;        // --kv-recent-tokens
 };
 
 // `auto_format` is what `auto` resolves to on this machine (see hardware probe, DESIGN §7).
@@ -64,7 +70,7 @@ struct QuantOptions {
 //                   per_token_head only);  int4_kivi, fp8_e5m2 -> kUnsupported
 //   granularity:    per_tensor | per_token_head | per_block_head
 //   scale_dtype:    fp32 (float32);  fp16 -> kUnsupported
-//   block_size:     16 | 32;   sink_tokens: 0 ..= kMaxSinkTokens;   rotate: none | hadamard
+//   block_size:     16 | 32;   sink_tokens, recent_tokens: 0 ..= kMaxSinkTokens;   rotate: none | hadamard
 Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format = Format::kInt8);
 
 // "fp8" -> fp8_e4m3, "fp8_fnuz" -> fp8_e4m3_fnuz, ...; "auto" is kInvalidArgument here.

@@ -62,15 +62,17 @@ Result<DeviceLayer> DeviceLayer::create(const cache::CacheGeometry& g) {
   DeviceLayer l;
   l.geom_ = g;
   const bool block_amax = g.has_scales() && g.granularity == ScaleGranularity::kPerBlockHead;
-  const size_t sizes[8] = {g.code_plane_bytes(),
+  const size_t sizes[10] = {g.code_plane_bytes(),
                            g.code_plane_bytes(),
                            g.scale_plane_bytes(),
                            g.scale_plane_bytes(),
                            g.sink_plane_bytes(),
                            g.sink_plane_bytes(),
                            block_amax ? cache::align_up(static_cast<size_t>(g.num_pages) * g.num_kv_heads * 4, 128) : 0,
-                           block_amax ? cache::align_up(static_cast<size_t>(g.num_pages) * g.num_kv_heads * 4, 128) : 0};
-  for (int i = 0; i < 8; ++i) {
+                           block_amax ? cache::align_up(static_cast<size_t>(g.num_pages) * g.num_kv_heads * 4, 128) : 0,
+                           g.recent_plane_bytes(),
+                           g.recent_plane_bytes()};
+  for (int i = 0; i < 10; ++i) {
     auto b = DeviceBuffer::create(sizes[i]);
     if (!b.is_ok()) return b.status();
     l.planes_[i] = std::move(b).value();
@@ -87,6 +89,10 @@ cache::LayerView DeviceLayer::view() const {
   v.v_scales = planes_[3].as<float>();
   v.k_sink = planes_[4].as<uint16_t>();
   v.v_sink = planes_[5].as<uint16_t>();
+  if (geom_.num_recent_pages > 0) {
+    v.k_recent = planes_[8].as<uint16_t>();
+    v.v_recent = planes_[9].as<uint16_t>();
+  }
   return v;
 }
 

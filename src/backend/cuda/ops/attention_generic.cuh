@@ -162,6 +162,30 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
   }
 }
 
+// The bf16 copies of a write's rows into their recent-window twins (block = one row; slots[row] < 0:
+// none), with the writer's bf16 rounding, so host and device twins agree bit for bit.
+struct RecentWriteParams {
+  cache::CacheGeometry geom;
+  cache::LayerView layer;
+  const float* in[2];    // [rows][heads][head_dim] fp32, K and V
+  const int32_t* slots;  // [rows] encode_main_slot in the recent pool, or -1
+};
+
+__global__ void write_recent_kernel(const RecentWriteParams p) {
+  const int row = blockIdx.x;
+  const int32_t s = p.slots[row];
+  if (s < 0) return;
+  const cache::CacheGeometry& g = p.geom;
+  const int d = g.head_dim, width = g.num_kv_heads * d;
+  const int page = cache::slot_page(s, g.block_size), slot = cache::slot_in_page(s, g.block_size);
+  for (int idx = threadIdx.x; idx < width; idx += blockDim.x) {
+    const int h = idx / d, i = idx - h * d;
+    const size_t e = g.elem_index(page, h, slot) + i;
+    p.layer.k_recent[e] = attention::cuda::detail::store16<Format::kBf16>(p.in[0][size_t(row) * width + idx]);
+    p.layer.v_recent[e] = attention::cuda::detail::store16<Format::kBf16>(p.in[1][size_t(row) * width + idx]);
+  }
+}
+
 struct GenericAttendParams {
   cache::CacheGeometry geom;
   cache::LayerView layer;
@@ -174,26 +198,32 @@ struct GenericAttendParams {
   int prefill_pos0;  // < 0: decode (row r = sequence r); else causal prefill of sequence 0
 };
 
-// Where token j of one kv head lives: its dim 0 as an element index into the bf16 sink or a byte
-// offset into the codes plane (code_offset), and its K and V scales (1 for sink and 16-bit
-// tokens). Looked up once per token.
+// Where token j of one kv head lives: its dim 0 as an element index into the bf16 sink or recent-twin
+// plane, or a byte offset into the codes plane (code_offset), and its K and V scales (1 for bf16
+// and 16-bit tokens). Looked up once per token.
+enum : int { kTokCodes = 0, kTokSink = 1, kTokRecent = 2 };
 struct TokRef {
   unsigned long long elem;
   float ks, vs;
-  int sink;
+  int where;  // kTokCodes | kTokSink | kTokRecent
 };
 
 template <Format F>
-__device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq, int j, int sink_len, int kvh) {
+__device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq, int j, int sink_len, int kvh,
+                                          int q_pos) {
   const cache::CacheGeometry& g = p.geom;
   const int bs = g.block_size;
   if (j < sink_len) {
     const int page = p.tables.sink_tables[size_t(seq) * p.tables.max_sink_blocks + j / bs];
-    return {g.elem_index(page, kvh, j % bs), 1.f, 1.f, 1};
+    return {g.elem_index(page, kvh, j % bs), 1.f, 1.f, kTokSink};
   }
   const int u = j - sink_len;
+  if (cache::uses_recent(j, q_pos, g.recent_tokens)) {
+    const int page = p.tables.recent_tables[size_t(seq) * p.tables.max_blocks + u / bs];
+    return {g.elem_index(page, kvh, u % bs), 1.f, 1.f, kTokRecent};
+  }
   const int page = p.tables.block_tables[size_t(seq) * p.tables.max_blocks + u / bs], slot = u % bs;
-  TokRef t{g.code_offset(page, kvh, slot), 1.f, 1.f, 0};
+  TokRef t{g.code_offset(page, kvh, slot), 1.f, 1.f, kTokCodes};
   if constexpr (F != Format::kBf16 && F != Format::kFp16) {
     const size_t si = g.scale_index(page, kvh, slot);  // per_tensor: 0
     t.ks = p.layer.k_scales[si];
@@ -205,7 +235,8 @@ __device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq,
 // Element i of a token, dequantized as the host's dequantize_row does (code value * scale).
 template <Format F>
 __device__ __forceinline__ float tok_value(const GenericAttendParams& p, bool is_v, const TokRef& t, int i) {
-  if (t.sink) return format::bf16_to_float((is_v ? p.layer.v_sink : p.layer.k_sink)[t.elem + i]);
+  if (t.where == kTokSink) return format::bf16_to_float((is_v ? p.layer.v_sink : p.layer.k_sink)[t.elem + i]);
+  if (t.where == kTokRecent) return format::bf16_to_float((is_v ? p.layer.v_recent : p.layer.k_recent)[t.elem + i]);
   const uint8_t* c = is_v ? p.layer.v_codes : p.layer.k_codes;
   if constexpr (F == Format::kBf16) return format::bf16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
   else if constexpr (F == Format::kFp16) return format::fp16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
@@ -256,7 +287,7 @@ __global__ void __launch_bounds__(32 * kAttendHeadsPerCta) generic_attend_kernel
   };
   for (int c = 0; c < len; c += kAttendTile) {
     const int n = min(kAttendTile, len - c);
-    if (threadIdx.x < n) refs[threadIdx.x] = tok_ref<F>(p, seq, c + threadIdx.x, sink_len, kvh);
+    if (threadIdx.x < n) refs[threadIdx.x] = tok_ref<F>(p, seq, c + threadIdx.x, sink_len, kvh, len - 1);
     __syncthreads();
     load_tile(false, n);
     __syncthreads();
