@@ -12,6 +12,7 @@ CacheGeometry geometry_of(const QuantSpec& spec, int num_layers, int num_kv_head
   g.num_pages = 1;
   g.format = spec.format;
   g.granularity = spec.granularity;
+  g.scale_dtype = spec.scale_dtype;
   return g;
 }
 
@@ -24,7 +25,7 @@ bool valid_shape(const QuantSpec& spec, int num_layers, int num_kv_heads, int he
 size_t bytes_per_page(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim) {
   if (!valid_shape(spec, num_layers, num_kv_heads, head_dim)) return 0;
   const CacheGeometry g = geometry_of(spec, num_layers, num_kv_heads, head_dim);
-  const size_t one_plane = g.bytes_per_page() + g.scales_per_page() * sizeof(float);
+  const size_t one_plane = g.bytes_per_page() + g.scales_per_page() * g.scale_bytes();
   return static_cast<size_t>(num_layers) * 2 * one_plane;
 }
 

@@ -4,10 +4,12 @@
 //
 // Per layer, K and V each have:
 //   codes  [num_pages][num_kv_heads][block_size][head_dim]   elements of `format` (head-major)
-//   scales plane, separate and 128-byte aligned:
-//     per_token_head: [num_pages][num_kv_heads][block_size] fp32
-//     per_block_head: [num_pages][num_kv_heads]             fp32
-//     per_tensor:     [1]                                   fp32 (0 until the first write)
+//   scales plane, separate and 128-byte aligned, elements of the spec's scale dtype (fp32, or fp16
+//   bits; quant/policy.h says how an fp16 scale is chosen); read and written only through
+//   load_scale / store_scale below:
+//     per_token_head: [num_pages][num_kv_heads][block_size]
+//     per_block_head: [num_pages][num_kv_heads]
+//     per_tensor:     [1]                       (0 until the first write)
 //     bf16/fp16:      none
 //   sink   [num_sink_pages][num_kv_heads][block_size][head_dim] bf16
 // One block table per sequence is shared by all layers: page p is page p in every layer's pool.
@@ -17,6 +19,7 @@
 #include <cstdint>
 
 #include "kvq/common/macros.h"
+#include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
 #include "kvq/quant/spec.h"
 
@@ -35,6 +38,7 @@ struct CacheGeometry {
   int num_sink_pages = 0;  // bf16 sink pages per layer
   Format format = Format::kBf16;
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
+  ScaleDtype scale_dtype = ScaleDtype::kFp32;
 
   KVQ_HD size_t elems_per_head_tile() const { return static_cast<size_t>(block_size) * head_dim; }
   KVQ_HD size_t elems_per_page() const { return elems_per_head_tile() * num_kv_heads; }
@@ -45,7 +49,8 @@ struct CacheGeometry {
     return ((static_cast<size_t>(page) * num_kv_heads + head) * block_size + slot) * head_dim;
   }
   KVQ_HD bool has_scales() const { return is_quantized(format); }
-  // Number of fp32 scales per page (0 for per_tensor and unquantized formats).
+  KVQ_HD size_t scale_bytes() const { return scale_dtype == ScaleDtype::kFp16 ? 2 : 4; }
+  // Number of scales per page (0 for per_tensor and unquantized formats).
   KVQ_HD size_t scales_per_page() const {
     if (!has_scales()) return 0;
     switch (granularity) {
@@ -67,13 +72,27 @@ struct CacheGeometry {
   KVQ_HD size_t scale_plane_bytes() const {
     if (!has_scales()) return 0;
     size_t n = granularity == ScaleGranularity::kPerTensor ? 1 : scales_per_page() * num_pages;
-    return align_up(n * sizeof(float), kPlaneAlignment);
+    return align_up(n * scale_bytes(), kPlaneAlignment);
   }
   KVQ_HD size_t code_plane_bytes() const { return align_up(bytes_per_page() * num_pages, kPlaneAlignment); }
   KVQ_HD size_t sink_plane_bytes() const {
     return align_up(bytes_per_sink_page() * num_sink_pages, kPlaneAlignment);
   }
 };
+
+// Element i of a scale plane of dtype d, widened to float. fp16 planes hold the bits of values
+// quant::stored_scale made exactly representable, so store then load returns the same float.
+KVQ_HD float load_scale(const void* plane, size_t i, ScaleDtype d) {
+  if (d == ScaleDtype::kFp16) return format::fp16_to_float(static_cast<const uint16_t*>(plane)[i]);
+  return static_cast<const float*>(plane)[i];
+}
+KVQ_HD void store_scale(void* plane, size_t i, float s, ScaleDtype d) {
+  if (d == ScaleDtype::kFp16) {
+    static_cast<uint16_t*>(plane)[i] = format::float_to_fp16(s);
+  } else {
+    static_cast<float*>(plane)[i] = s;
+  }
+}
 
 // Destination of one token row in a cache write (backend::CacheWriteArgs::slot_mapping): a main
 // pool slot is page * block_size + slot (>= 0), a bf16 sink slot -(sink_page * block_size + slot) - 1.
@@ -98,8 +117,8 @@ KVQ_HD int slot_in_page(int32_t s, int block_size) { return (s < 0 ? -s - 1 : s)
 struct LayerView {
   uint8_t* k_codes = nullptr;
   uint8_t* v_codes = nullptr;
-  float* k_scales = nullptr;  // null when the format has no scales
-  float* v_scales = nullptr;
+  void* k_scales = nullptr;  // geometry's scale_dtype (load_scale / store_scale); null when unscaled
+  void* v_scales = nullptr;
   uint16_t* k_sink = nullptr;  // bf16 bits; null when the cache has no sink pages
   uint16_t* v_sink = nullptr;
 };
@@ -120,13 +139,13 @@ struct BatchTablesView {
 // PagedKvCache::memory_report), nor is the plane padding to 128 bytes (< 128 bytes per plane).
 //
 // Exact bytes of one page index across all layers, K and V: codes plus scales, i.e.
-//   num_layers * 2 * (num_kv_heads * block_size * head_dim * bits / 8 + scales_per_page * 4)
+//   num_layers * 2 * (num_kv_heads * block_size * head_dim * bits / 8 + scales_per_page * scale bytes)
 // with scales_per_page = num_kv_heads * block_size (per_token_head), num_kv_heads
 // (per_block_head), 0 (per_tensor: one scale per layer, a constant; bf16/fp16: none).
 size_t bytes_per_page(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);
 // Bytes of KV per token across all layers, K and V, scale metadata included:
 // bytes_per_page / block_size, rounded up. The division is exact except for per_block_head when
-// 8 * num_layers * num_kv_heads is not a multiple of block_size (the per-page scales do not split
+// 2 * scale bytes * num_layers * num_kv_heads is not a multiple of block_size (the per-page scales do not split
 // into whole bytes per token); use bytes_per_page for exact totals.
 size_t bytes_per_token(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);
 // Tokens that fit in `bytes` of page memory with this spec (whole pages only):

@@ -21,6 +21,8 @@
 //       heads separately); an old token may thus carry one rounding per growth event;
 //     per_tensor: fixed per layer (K and V apart) by the first write that reaches the quantized
 //       pages (its amax / qmax); later larger values saturate (QuantStats::saturated).
+//   With fp16 scales (spec.scale_dtype) each is rounded up to fp16 and the codes divide by the
+//   rounded value (quant/policy.h); out-of-range scales are clamped and counted (scale_clamped).
 // - Non-finite inputs are stored as 0 and counted (QuantStats::nonfinite), in the sink as well.
 // - Sequence ids are small integers; a freed id is reused by a later add_sequence()/fork().
 #include <cstddef>
@@ -60,8 +62,7 @@ struct MemoryReport {
 class PagedKvCache {
  public:
   // Validates with clear errors: num_layers >= 1, num_kv_heads >= 1, head_dim 8..256 and a
-  // multiple of 8, block 16|32, num_pages >= 1, the sink rule above, no int4 (kUnsupported), fp32
-  // scales. kOutOfMemory when the planes cannot be allocated. All planes start zeroed.
+  // multiple of 8, block 16|32, num_pages >= 1, the sink rule above, no int4 (kUnsupported). kOutOfMemory when the planes cannot be allocated. All planes start zeroed.
   static Result<std::unique_ptr<PagedKvCache>> create(const CacheConfig& cfg);
 
   const CacheGeometry& geometry() const { return geom_; }
@@ -142,12 +143,16 @@ class PagedKvCache {
 
   // Raw planes for upload to a device mirror and for canary checks in tests. Each starts on a
   // 128-byte boundary and its size() covers the padded plane of layout.h (code_plane_bytes()
-  // bytes, scale_plane_bytes() / 4 floats, sink_plane_bytes() / 2 bf16 values); unused ones are
-  // empty. The per_tensor scale of a layer is scales[0], 0 until set.
+  // bytes, scale_plane_bytes() / 4 words, sink_plane_bytes() / 2 bf16 values); unused ones are
+  // empty. The scale planes are storage in 4-byte words whatever the scale dtype (fp16 planes hold
+  // two scales a word): index them with load_scale / store_scale (layout.h), not [] unless the
+  // spec's scales are fp32. The per_tensor scale of a layer is element 0, 0 until set.
   struct Planes {
     AlignedVector<uint8_t> k_codes, v_codes;
     AlignedVector<float> k_scales, v_scales;
     AlignedVector<uint16_t> k_sink, v_sink;
+    uint8_t* k_scale_bytes() { return reinterpret_cast<uint8_t*>(k_scales.data()); }
+    uint8_t* v_scale_bytes() { return reinterpret_cast<uint8_t*>(v_scales.data()); }
   };
   // layer in [0, num_layers); empty planes when the cache holds none (host_planes false).
   const Planes& planes(int layer) const;
@@ -177,6 +182,8 @@ class PagedKvCache {
   void write_main_page(Sequence& s, int layer, int block, int slot0, int slot1, const float* k,
                        const float* v);
   SeqId new_sequence_id();
+  // per_tensor: stores layer plane `kv`'s scale for this amax (policy.h, the spec's scale dtype).
+  void set_tensor_scale(Planes& pl, int kv, float amax);
   float* block_amax(int layer, int kv, int32_t page, int head);
 
   CacheConfig cfg_;

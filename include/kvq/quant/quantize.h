@@ -24,9 +24,10 @@ struct QuantStats {
   uint64_t nonfinite = 0;  // NaN/inf inputs: written as 0 and left out of amax (documented policy)
   uint64_t saturated = 0;  // finite values clipped to qmax (only per_tensor can clip)
   uint64_t requantized_page_heads = 0;  // per_block_head growth events
+  uint64_t scale_clamped = 0;  // fp16 scales clamped to [2^-24, 65504] (policy.h), K and V apart
   void merge(const QuantStats& o) {
     values += o.values; nonfinite += o.nonfinite; saturated += o.saturated;
-    requantized_page_heads += o.requantized_page_heads;
+    requantized_page_heads += o.requantized_page_heads; scale_clamped += o.scale_clamped;
   }
 };
 

@@ -25,7 +25,7 @@ constexpr int kThreads = 128;
 struct WriteParams {
   cache::CacheGeometry geom;  // element and scale addresses (elem_index / scale_index)
   uint8_t* codes[2];
-  float* scales[2];
+  void* scales[2];  // geom.scale_dtype elements (cache::load_scale / store_scale)
   uint16_t* sink[2];
   float* amax[2];
   const void* in[2];
@@ -165,10 +165,10 @@ __device__ __forceinline__ void write_row(const WriteParams& p, long long unit, 
     const int page = cache::slot_page(slot, p.block_size), ss = cache::slot_in_page(slot, p.block_size);
     float scale = 1.f;
     if (per_token) {
-      scale = scale_for_amax(F, amax);
-      if (part == 0) p.scales[kv][p.geom.scale_index(page, head, ss)] = scale;
+      scale = scale_for_amax(F, amax, p.geom.scale_dtype);
+      if (part == 0) cache::store_scale(p.scales[kv], p.geom.scale_index(page, head, ss), scale, p.geom.scale_dtype);
     } else if (p.quantized) {
-      scale = p.scales[kv][0];
+      scale = cache::load_scale(p.scales[kv], 0, p.geom.scale_dtype);
     }
     store_main_row<F, D, kFp32>(p, kv, p.geom.elem_index(page, head, ss), part, x, scale);
   }
@@ -220,7 +220,8 @@ __global__ void __launch_bounds__(kThreads) tensor_amax_kernel(const WriteParams
   const long long total = static_cast<long long>(p.n) * p.heads * 2 * L;
   float amax[2] = {0.f, 0.f};
   bool any = false;
-  const bool need[2] = {quant::tensor_scale_unset(p.scales[0][0]), quant::tensor_scale_unset(p.scales[1][0])};
+  const bool need[2] = {quant::tensor_scale_unset(cache::load_scale(p.scales[0], 0, p.geom.scale_dtype)),
+                        quant::tensor_scale_unset(cache::load_scale(p.scales[1], 0, p.geom.scale_dtype))};
   if (need[0] || need[1]) {
     for (long long gid = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; gid < total;
          gid += static_cast<long long>(gridDim.x) * kThreads) {
@@ -244,8 +245,10 @@ __global__ void __launch_bounds__(kThreads) tensor_amax_kernel(const WriteParams
 
 __global__ void tensor_scale_finalize_kernel(const WriteParams p, Format f) {
   if (threadIdx.x != 0 || p.ws[2] == 0u) return;  // no main-pool row in this call: scale stays unset
+  const ScaleDtype sd = p.geom.scale_dtype;
   for (int kv = 0; kv < 2; ++kv)
-    if (quant::tensor_scale_unset(p.scales[kv][0])) p.scales[kv][0] = scale_for_amax(f, __uint_as_float(p.ws[kv]));
+    if (quant::tensor_scale_unset(cache::load_scale(p.scales[kv], 0, sd)))
+      cache::store_scale(p.scales[kv], 0, scale_for_amax(f, __uint_as_float(p.ws[kv]), sd), sd);
 }
 
 // per_block_head: warp w of a CTA looks for runs starting among tokens
@@ -307,16 +310,16 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
     const size_t ph = p.geom.scale_index(page, head, 0);
     float scale;
     float* amax_slot = p.amax[kv] + ph;
-    float* scale_slot = p.scales[kv] + ph;
+    const ScaleDtype sd = p.geom.scale_dtype;
     if (slot0 == 0) {  // a fresh page head
-      scale = scale_for_amax(F, amax);
+      scale = scale_for_amax(F, amax, sd);
       __syncwarp();
-      if (lane == 0) *amax_slot = amax, *scale_slot = scale;
+      if (lane == 0) *amax_slot = amax, cache::store_scale(p.scales[kv], ph, scale, sd);
     } else {
-      const float old_amax = *amax_slot, old_scale = *scale_slot;
+      const float old_amax = *amax_slot, old_scale = cache::load_scale(p.scales[kv], ph, sd);
       scale = old_scale;
       if (quant::block_scale_grows(amax, old_amax)) {
-        scale = scale_for_amax(F, amax);
+        scale = scale_for_amax(F, amax, sd);
         // Re-quantize the page head's earlier slots with the grown scale.
         for (int c0 = 0; c0 < slot0; c0 += kChunk) {
           uint4 codes[kMaxPass];
@@ -338,7 +341,7 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
           }
         }
         __syncwarp();
-        if (lane == 0) *amax_slot = amax, *scale_slot = scale;
+        if (lane == 0) *amax_slot = amax, cache::store_scale(p.scales[kv], ph, scale, sd);
       }
     }
     for (int c0 = 0; c0 < len; c0 += kChunk) {
