@@ -85,9 +85,7 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full,
   const int pg0 = w.main_t0 / tpp, n_pages = (w.main_t1 + tpp - 1) / tpp - pg0;
   const int32_t* table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + pg0;
   const uint32_t tile = static_cast<uint32_t>(bs * D);
-  const bool per_token = p.geom.granularity == ScaleGranularity::kPerTokenHead;
   const uint32_t sbytes = SM == ScaleMode::kToken ? static_cast<uint32_t>(bulk_scale_bytes(p.geom)) : 0;
-  const size_t chunk_scales = 16 / p.geom.scale_bytes();  // per_block_head: scales per 16-byte chunk
   const int S = p.ring_stages;
   for (int base = 0; base < n_pages; base += 32) {
     const int mine = base + lane < n_pages ? __ldg(table + base + lane) : 0;
@@ -105,7 +103,8 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full,
         bulk_copy_g2s(st + tile, p.v_codes + e, tile, &full[s]);
         if constexpr (SM == ScaleMode::kToken) {
           size_t si = p.geom.scale_index(page, w.kv_head, 0);
-          if (!per_token) si &= ~(chunk_scales - 1);
+          // per_block_head: the 16-byte chunk holding the page head's scale (4 fp32 or 8 fp16).
+          if (p.geom.granularity != ScaleGranularity::kPerTokenHead) si &= ~(16 / p.geom.scale_bytes() - 1);
           const size_t off = si * p.geom.scale_bytes();
           bulk_copy_g2s(st + 2 * tile, static_cast<const uint8_t*>(p.k_scales) + off, sbytes, &full[s]);
           bulk_copy_g2s(st + 2 * tile + sbytes, static_cast<const uint8_t*>(p.v_scales) + off, sbytes, &full[s]);
