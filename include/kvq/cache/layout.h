@@ -17,6 +17,7 @@
 // otherwise at u = t - sink_len in page block_table[u / bs], slot u % bs.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kvq/common/macros.h"
 #include "kvq/format/bf16.h"
@@ -82,16 +83,39 @@ struct CacheGeometry {
 
 // Element i of a scale plane of dtype d, widened to float. fp16 planes hold the bits of values
 // quant::stored_scale made exactly representable, so store then load returns the same float.
+// The host copies bytes (its planes are float storage whatever the dtype: no type punning).
 KVQ_HD float load_scale(const void* plane, size_t i, ScaleDtype d) {
+#if defined(__CUDA_ARCH__)
   if (d == ScaleDtype::kFp16) return format::fp16_to_float(static_cast<const uint16_t*>(plane)[i]);
   return static_cast<const float*>(plane)[i];
+#else
+  const auto* b = static_cast<const unsigned char*>(plane);
+  if (d == ScaleDtype::kFp16) {
+    uint16_t h;
+    std::memcpy(&h, b + i * 2, 2);
+    return format::fp16_to_float(h);
+  }
+  float f;
+  std::memcpy(&f, b + i * 4, 4);
+  return f;
+#endif
 }
 KVQ_HD void store_scale(void* plane, size_t i, float s, ScaleDtype d) {
+#if defined(__CUDA_ARCH__)
   if (d == ScaleDtype::kFp16) {
     static_cast<uint16_t*>(plane)[i] = format::float_to_fp16(s);
   } else {
     static_cast<float*>(plane)[i] = s;
   }
+#else
+  auto* b = static_cast<unsigned char*>(plane);
+  if (d == ScaleDtype::kFp16) {
+    const uint16_t h = format::float_to_fp16(s);
+    std::memcpy(b + i * 2, &h, 2);
+  } else {
+    std::memcpy(b + i * 4, &s, 4);
+  }
+#endif
 }
 
 // Destination of one token row in a cache write (backend::CacheWriteArgs::slot_mapping): a main
