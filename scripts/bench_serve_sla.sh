@@ -32,7 +32,7 @@ mkdir -p "$OUT"
 results=()
 for spec in $SPECS; do
   log="$OUT/serve-$spec.log"
-  "$KVQ" serve --model "$MODEL" --backend "$BACKEND" --kv-cache-dtype "$spec" --kv-scale-granularity "$GRAN" \
+  "$KVQ" serve --model "$MODEL" --backend "$BACKEND" --kv-cache-dtype "$spec" --kv-scale-granularity "$GRAN" ${SERVE_FLAGS:-} \
     --kv-cache-memory "$KV_GIB" --max-num-seqs "$MAX_SEQS" --port "$PORT" > "$log" 2>&1 &
   pid=$!
   for _ in $(seq 1 600); do
@@ -48,6 +48,6 @@ for spec in $SPECS; do
   results+=("$OUT/$spec.json")
 done
 "$KVQ" capacity --model "$MODEL" --tokens "${TIERS##*,}" --kv-cache-memory "$KV_GIB" \
-  --specs "$(echo "$SPECS" | tr ' ' ',')" --kv-scale-granularity "$GRAN" --md "$OUT/capacity.md" > /dev/null
+  --specs "$(echo "$SPECS" | tr ' ' ',')" --kv-scale-granularity "$GRAN" ${SERVE_FLAGS:-} --md "$OUT/capacity.md" > /dev/null
 python3 scripts/plot_serve_cdf.py "$OUT/latency_cdf.png" "${results[@]}" || true  # needs matplotlib
 "$KVQ" bench serve --compare "${results[@]}" --out-dir "$OUT"

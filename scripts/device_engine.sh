@@ -131,6 +131,17 @@ if has rot && [[ -s $smol ]]; then
     --kv-cache-dtype int8,int8:hadamard,fp8,fp8:hadamard
 fi
 
+# Free-form SmolLM2 evals: EVALS="name|backend|args; name|backend|args" (e.g. the accuracy-toolkit table).
+if has evals && [[ -s $smol ]]; then
+  IFS=';' read -ra evals <<<"${EVALS:-}"
+  for e in "${evals[@]}"; do
+    IFS='|' read -r ename ebe eargs <<<"$e"
+    ename=$(echo $ename)
+    # shellcheck disable=SC2086
+    run_eval "$ename" "$(echo $ebe)" --model smollm2 --text "$text" $eargs
+  done
+fi
+
 if [[ $steps == *bench* ]] && [[ -s $smol ]]; then
   timeout 400 $B/kvq_engine_bench --model smollm2 --backend cuda --batch 64 --ctx 8192 --steps 32 \
     --specs "${BENCH_SPECS:-bf16,fp8,int8,fp8_fnuz}" --json "$OUT/bench_engine.json" >"$OUT/bench_engine.log" 2>&1
@@ -143,7 +154,7 @@ fi
 #             at once), SERVE_MAX_TOKENS (128), SERVE_KV_GIB (8) -> $OUT/serve
 #   servecap  capacity/throughput run: the top tier at max throughput under a small KV budget
 #             (SERVECAP_KV_GIB, default 2) with long outputs (SERVECAP_MAX_TOKENS, default 1024) -> $OUT/servecap
-# SERVE_MODEL (default smollm2), SERVE_SPECS, SERVE_GRAN, SERVE_MAX_SEQS pass through.
+# SERVE_MODEL (default smollm2), SERVE_SPECS, SERVE_GRAN, SERVE_MAX_SEQS, SERVE_FLAGS (extra cache flags) pass through.
 run_serve() {  # NAME TIERS RATE MAX_TOKENS KV_GIB
   local sm=${SERVE_MODEL:-smollm2} t0
   [[ $sm == stories260K ]] && sm="$(dirname "$src_dir")/shared/models/stories260K/stories260K.bin"

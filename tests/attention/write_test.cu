@@ -42,13 +42,17 @@ struct WriteCase {
   int head_dim = 128, num_kv_heads = 2, block_size = 16, sink = 0;
   bool fp32_input = false;
   ScaleDtype scale_dtype = ScaleDtype::kFp32;
+  // > 0: the first call is one prefill of this many tokens (more than one wave of the rows kernel,
+  // so its threads walk several grid steps), in place of the small mixed calls.
+  int bulk_tokens = 0;
   uint64_t seed = 1;
   std::string name() const {
     std::string n = format_name(format);
     if (is_quantized(format)) n += std::string("_") + granularity_name(granularity);
     if (is_quantized(format) && scale_dtype == ScaleDtype::kFp16) n += "_fp16scales";
     return n + "_D" + std::to_string(head_dim) + "_Hkv" + std::to_string(num_kv_heads) + "_B" +
-           std::to_string(block_size) + "_S" + std::to_string(sink) + (fp32_input ? "_fp32in" : "_bf16in");
+           std::to_string(block_size) + "_S" + std::to_string(sink) + (fp32_input ? "_fp32in" : "_bf16in") +
+           (bulk_tokens > 0 ? "_bulk" + std::to_string(bulk_tokens) : "");
   }
 };
 
@@ -68,7 +72,7 @@ void run_case(const WriteCase& c) {
   cfg.spec.block_size = bs;
   cfg.spec.sink_tokens = c.sink;
   cfg.spec.scale_dtype = c.scale_dtype;
-  cfg.num_pages = 48;
+  cfg.num_pages = 48 + c.bulk_tokens / bs + 1;
   cfg.num_sink_pages = c.sink > 0 ? 3 * ((c.sink + bs - 1) / bs) + 2 : 0;
   auto created = cache::PagedKvCache::create(cfg);
   ASSERT_TRUE(created.is_ok()) << created.status().to_string();
@@ -191,11 +195,15 @@ void run_case(const WriteCase& c) {
     ++call;
   };
 
-  write_step({0}, {37});
-  write_step({1}, {5});
+  if (c.bulk_tokens > 0) {
+    write_step({0}, {c.bulk_tokens});
+  } else {
+    write_step({0}, {37});
+    write_step({1}, {5});
+  }
   write_step({2}, {20});
   write_step({2}, {30});
-  for (int round = 0; round < 20; ++round) write_step({0, 1, 2}, {1, 1, 1});
+  for (int round = 0; round < (c.bulk_tokens > 0 ? 3 : 20); ++round) write_step({0, 1, 2}, {1, 1, 1});
   write_step({1, 0}, {bs + 3, 2});  // a multi-token append per sequence in one call
   if (::testing::Test::HasFatalFailure()) return;
 
@@ -263,6 +271,28 @@ std::vector<WriteCase> write_cases() {
     c.format = f, c.head_dim = 128, c.num_kv_heads = 2, c.block_size = 16, c.sink = 16, c.seed = seed++;
     out.push_back(c);
     c.fp32_input = true, c.head_dim = 64, c.seed = seed++;
+    out.push_back(c);
+  }
+  // Bulk prefills: 8 kv heads x 128 over 9000 tokens is ~2,250 CTAs of the rows kernel, more than
+  // one wave on any current GPU; the token count ends mid-page and mid grid step.
+  struct Bulk {
+    Format f;
+    ScaleGranularity gr;
+    int d, bs, sink;
+    bool fp32;
+    ScaleDtype sd = ScaleDtype::kFp32;
+  };
+  const Bulk bulk[] = {{Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 128, 16, 0, false},
+                       {Format::kInt8, ScaleGranularity::kPerTokenHead, 128, 32, 32, true},
+                       {Format::kFp8E4m3Fnuz, ScaleGranularity::kPerBlockHead, 128, 16, 20, false},
+                       {Format::kInt8, ScaleGranularity::kPerBlockHead, 256, 32, 0, false},
+                       {Format::kBf16, ScaleGranularity::kPerTokenHead, 128, 16, 16, false},
+                       {Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 128, 32, 16, true, ScaleDtype::kFp16},
+                       {Format::kInt8, ScaleGranularity::kPerBlockHead, 128, 16, 0, false, ScaleDtype::kFp16}};
+  for (const Bulk& b : bulk) {
+    WriteCase c;
+    c.format = b.f, c.granularity = b.gr, c.head_dim = b.d, c.num_kv_heads = 8, c.block_size = b.bs, c.sink = b.sink;
+    c.fp32_input = b.fp32, c.bulk_tokens = 9001, c.seed = seed++, c.scale_dtype = b.sd;
     out.push_back(c);
   }
   return out;

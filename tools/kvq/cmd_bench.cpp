@@ -36,6 +36,7 @@ struct BenchCliOptions {
   // write
   CacheCliOptions write_cache;
   int tokens = 16384, heads = 8, head_dim = 128;
+  std::string input = "bf16";  // bf16 | fp32 | both
 };
 
 [[maybe_unused]] std::vector<std::string> split(const std::string& s, char sep) {
@@ -196,16 +197,21 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
     w.formats = grid.formats;
     w.granularities = grid.granularities;
     w.timing = timing;
+    w.inputs.clear();
+    if (o.input != "fp32") w.inputs.push_back(kc::InputType::kBf16);
+    if (o.input != "bf16") w.inputs.push_back(kc::InputType::kFp32);
     auto rows = kc::bench_write(w, copy.value());
     if (!rows.is_ok()) return fail("write", rows.status());
-    std::printf("\nwrite %d tokens x %d kv heads x %d (bf16 in)\n%-13s %-15s %10s %8s %7s\n", w.num_tokens, w.num_kv_heads,
-                w.head_dim, "format", "granularity", "median_us", "TB/s", "%copy");
+    std::printf("\nwrite %d tokens x %d kv heads x %d\n%-5s %-13s %-15s %10s %8s %7s\n", w.num_tokens, w.num_kv_heads,
+                w.head_dim, "input", "format", "granularity", "median_us", "TB/s", "%copy");
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : rows.value()) {
       const char* gname = is_quantized(r.format) ? granularity_name(r.granularity) : "-";
-      std::printf("%-13s %-15s %10.2f %8.3f %6.1f%%\n", format_name(r.format), gname, r.us_median, r.tb_per_s,
+      const char* in = r.input == kc::InputType::kFp32 ? "fp32" : "bf16";
+      std::printf("%-5s %-13s %-15s %10.2f %8.3f %6.1f%%\n", in, format_name(r.format), gname, r.us_median, r.tb_per_s,
                   100 * r.frac_of_copy);
-      arr.push_back({{"format", format_name(r.format)},
+      arr.push_back({{"input", in},
+                     {"format", format_name(r.format)},
                      {"granularity", gname},
                      {"num_tokens", r.num_tokens},
                      {"num_kv_heads", r.num_kv_heads},
@@ -273,6 +279,9 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   wr->add_option("--tokens", opt->tokens, "New tokens per call")->capture_default_str();
   wr->add_option("--heads", opt->heads, "KV heads")->capture_default_str();
   wr->add_option("--head-dim", opt->head_dim, "Head dim (64, 128, 256)")->capture_default_str();
+  wr->add_option("--input", opt->input, "Row type: bf16 (engines' usual), fp32 (kvq's CUDA backend) or both")
+      ->check(CLI::IsMember({"bf16", "fp32", "both"}))
+      ->capture_default_str();
   wr->callback([which] { *which = 2; });
   return [opt, which] { return dispatch(*opt, *which == 1); };
 }}};

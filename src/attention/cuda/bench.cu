@@ -471,15 +471,16 @@ Result<std::vector<WriteBenchRow>> bench_write(const WriteBenchOptions& o, const
                                            " x --head-dim " + std::to_string(d),
                                        double(n), h, d, bs, dev.value()));
   const size_t elems = static_cast<size_t>(n) * h * d;
-  // bf16 rows, N(0,1)-like with a few larger values, generated once on the host (32 MB).
+  // Rows N(0,1)-like with a few larger values, generated once on the host; K and V get the same rows
+  // in both types (the bf16 ones are the fp32 ones rounded).
   std::mt19937_64 rng(o.seed);
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<uint16_t> host(elems);
-  for (size_t i = 0; i < elems; ++i) host[i] = format::float_to_bf16(nd(rng) * (i % 97 == 0 ? 20.f : 1.f));
-  auto dk = DeviceBuffer::create(elems * 2), dv = DeviceBuffer::create(elems * 2);
-  if (!dk.is_ok() || !dv.is_ok()) return out_of_memory("bench write: input rows");
-  KVQ_RETURN_IF_ERROR(dk.value().upload(host.data(), elems * 2));
-  KVQ_RETURN_IF_ERROR(dv.value().upload(host.data(), elems * 2));
+  std::vector<float> host32(elems);
+  std::vector<uint16_t> host16(elems);
+  for (size_t i = 0; i < elems; ++i) {
+    host32[i] = nd(rng) * (i % 97 == 0 ? 20.f : 1.f);
+    host16[i] = format::float_to_bf16(host32[i]);
+  }
   const int pages = ceil_div(n, bs);
   std::vector<int32_t> order(pages), slots(n);
   std::iota(order.begin(), order.end(), 0);
@@ -490,41 +491,50 @@ Result<std::vector<WriteBenchRow>> bench_write(const WriteBenchOptions& o, const
   KVQ_RETURN_IF_ERROR(dslots.value().upload(slots.data(), slots.size() * 4));
 
   std::vector<WriteBenchRow> rows;
-  for (Format f : o.formats) {
-    for (ScaleGranularity gr : o.granularities) {
-      if (!is_quantized(f) && gr != o.granularities.front()) continue;
-      cache::CacheGeometry g;
-      g.num_layers = 1, g.num_kv_heads = h, g.head_dim = d, g.block_size = bs, g.num_pages = pages;
-      g.format = f, g.granularity = gr;
-      auto layer = DeviceLayer::create(g);
-      if (!layer.is_ok()) return layer.status();
-      WriteArgs a;
-      a.geom = g;
-      a.layer = layer.value().view();
-      a.k_block_amax = layer.value().k_block_amax();
-      a.v_block_amax = layer.value().v_block_amax();
-      a.k = dk.value().get();
-      a.v = dv.value().get();
-      a.num_tokens = n;
-      a.slot_mapping = dslots.value().as<int32_t>();
-      auto ws = DeviceBuffer::create(std::max<size_t>(workspace_size(a), 16));
-      if (!ws.is_ok()) return ws.status();
-      Timer t;
-      KVQ_RETURN_IF_ERROR(t.init());
-      Graph graph;
-      KVQ_RETURN_IF_ERROR(capture(t, graph, [&](cudaStream_t s) { return run(a, ws.value().get(), s); }));
-      auto st = time_graph(t, graph, o.timing, &flush.value());
-      if (!st.is_ok()) return st.status();
-      WriteBenchRow r;
-      r.format = f, r.granularity = gr, r.num_tokens = n, r.num_kv_heads = h, r.head_dim = d;
-      r.us_median = st->median, r.us_min = st->min, r.us_max = st->max;
-      double bytes = 2.0 * elems * 2 + 2.0 * elems * elem_bytes(f);
-      if (is_quantized(f) && gr == ScaleGranularity::kPerTokenHead) bytes += 2.0 * n * h * 4;
-      if (is_quantized(f) && gr == ScaleGranularity::kPerBlockHead) bytes += 2.0 * pages * h * 4;
-      r.bytes = bytes;
-      r.tb_per_s = bytes / (r.us_median * 1e-6) / 1e12;
-      r.frac_of_copy = copy.tb_per_s > 0 ? r.tb_per_s / copy.tb_per_s : 0;
-      rows.push_back(r);
+  for (InputType in : o.inputs) {
+    const size_t in_bytes = in == InputType::kFp32 ? 4 : 2;
+    auto dk = DeviceBuffer::create(elems * in_bytes), dv = DeviceBuffer::create(elems * in_bytes);
+    if (!dk.is_ok() || !dv.is_ok()) return out_of_memory("bench write: input rows");
+    const void* src = in == InputType::kFp32 ? static_cast<const void*>(host32.data()) : host16.data();
+    KVQ_RETURN_IF_ERROR(dk.value().upload(src, elems * in_bytes));
+    KVQ_RETURN_IF_ERROR(dv.value().upload(src, elems * in_bytes));
+    for (Format f : o.formats) {
+      for (ScaleGranularity gr : o.granularities) {
+        if (!is_quantized(f) && gr != o.granularities.front()) continue;
+        cache::CacheGeometry g;
+        g.num_layers = 1, g.num_kv_heads = h, g.head_dim = d, g.block_size = bs, g.num_pages = pages;
+        g.format = f, g.granularity = gr;
+        auto layer = DeviceLayer::create(g);
+        if (!layer.is_ok()) return layer.status();
+        WriteArgs a;
+        a.geom = g;
+        a.layer = layer.value().view();
+        a.k_block_amax = layer.value().k_block_amax();
+        a.v_block_amax = layer.value().v_block_amax();
+        a.k = dk.value().get();
+        a.v = dv.value().get();
+        a.input = in;
+        a.num_tokens = n;
+        a.slot_mapping = dslots.value().as<int32_t>();
+        auto ws = DeviceBuffer::create(std::max<size_t>(workspace_size(a), 16));
+        if (!ws.is_ok()) return ws.status();
+        Timer t;
+        KVQ_RETURN_IF_ERROR(t.init());
+        Graph graph;
+        KVQ_RETURN_IF_ERROR(capture(t, graph, [&](cudaStream_t s) { return run(a, ws.value().get(), s); }));
+        auto st = time_graph(t, graph, o.timing, &flush.value());
+        if (!st.is_ok()) return st.status();
+        WriteBenchRow r;
+        r.input = in, r.format = f, r.granularity = gr, r.num_tokens = n, r.num_kv_heads = h, r.head_dim = d;
+        r.us_median = st->median, r.us_min = st->min, r.us_max = st->max;
+        double bytes = 2.0 * elems * in_bytes + 2.0 * elems * elem_bytes(f);
+        if (is_quantized(f) && gr == ScaleGranularity::kPerTokenHead) bytes += 2.0 * n * h * 4;
+        if (is_quantized(f) && gr == ScaleGranularity::kPerBlockHead) bytes += 2.0 * pages * h * 4;
+        r.bytes = bytes;
+        r.tb_per_s = bytes / (r.us_median * 1e-6) / 1e12;
+        r.frac_of_copy = copy.tb_per_s > 0 ? r.tb_per_s / copy.tb_per_s : 0;
+        rows.push_back(r);
+      }
     }
   }
   return rows;

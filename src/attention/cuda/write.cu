@@ -5,9 +5,9 @@
 // of a row's lanes covers whole 32-byte sectors, and likewise each code store.
 //   rows kernel:     sink rows, per_token_head, per_tensor and bf16/fp16 rows; the per-row amax
 //                    is a shuffle reduction across the row's lanes.
-//   segments kernel: per_block_head; one warp per run of consecutive tokens in one page (a
-//                    "segment", <= block_size tokens), found by the warp whose window holds the
-//                    run's first token, so each page head has exactly one owner per call.
+//   segments kernel: per_block_head and its sink rows; one warp per run of consecutive tokens in
+//                    one page (a "segment", <= block_size tokens), found by the warp whose window
+//                    holds the run's first token, so each page head has exactly one owner per call.
 //   per_tensor:      an amax pass over the call's main-pool rows and a one-thread finalize fix
 //                    the layer scale first when it is still 0.
 #include <algorithm>
@@ -30,7 +30,7 @@ struct WriteParams {
   float* amax[2];
   const void* in[2];
   const int32_t* slots;
-  int n, heads, block_size;
+  int n, heads, block_size, bs_log2;
   int granularity;  // ScaleGranularity
   bool quantized;
   unsigned* ws;     // per_tensor: [0..1] amax bits, [2] main rows seen
@@ -61,9 +61,16 @@ __device__ __forceinline__ void load_raw(const void* in, int token, int head, in
 #pragma unroll
   for (int c = 0; c < kChunks<kFp32>; ++c) {
     const size_t e = row + chunk_elem<D, kFp32>(part, c);
-    r.w[c] = kFp32 ? *reinterpret_cast<const uint4*>(static_cast<const float*>(in) + e)
-                   : *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(in) + e);
+    r.w[c] = kFp32 ? ld_stream_v4(static_cast<const float*>(in) + e) : ld_stream_v4(static_cast<const uint16_t*>(in) + e);
   }
+}
+
+// Hides a chunk's value from the compiler, so that rows unpacked for the amax are unpacked again
+// for the store (cheap) instead of their 16 floats per row staying live (registers) in between.
+template <bool kFp32>
+__device__ __forceinline__ void opaque(Raw16<kFp32>& r) {
+#pragma unroll
+  for (int c = 0; c < (kFp32 ? 4 : 2); ++c) asm volatile("" : "+r"(r.w[c].x), "+r"(r.w[c].y), "+r"(r.w[c].z), "+r"(r.w[c].w));
 }
 
 template <bool kFp32>
@@ -114,13 +121,55 @@ __device__ __forceinline__ void store16_chunks(uint16_t* plane, size_t elem, int
   }
 }
 
+// A lane's 16 values of one row, unpacked, and their |x| max with NaN propagating: one test then
+// tells whether the lane holds a NaN or inf, which takes the slow path (rare: the policy writes
+// such values as 0 and leaves them out of amax).
+template <bool kFp32>
+struct Lane16 {
+  float x[16];
+  float m;
+  __device__ __forceinline__ explicit Lane16(const Raw16<kFp32>& r) {
+    unpack<kFp32>(r, x);
+    m = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) m = abs_max_nan(m, x[i]);
+  }
+  __device__ __forceinline__ bool finite() const { return m < INFINITY; }
+  // The lane's share of the row amax by the policy's rule (amax_term).
+  __device__ __forceinline__ float amax() const {
+    if (finite()) return m;
+    float a = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) a = fmaxf(a, amax_term(x[i]));
+    return a;
+  }
+};
+
+// A row into a bf16 plane (the sink, or a bf16 pool). Finite bf16 input is already what
+// quantize_row stores (bf16 -> float -> bf16 is exact), so its raw chunks are copied.
+template <int D, bool kFp32>
+__device__ __forceinline__ void store_bf16_row(uint16_t* plane, size_t elem, int part, const Raw16<kFp32>& raw,
+                                               const Lane16<kFp32>& v) {
+  if constexpr (!kFp32) {
+    if (v.finite()) {
+#pragma unroll
+      for (int c = 0; c < kChunks<kFp32>; ++c)
+        *reinterpret_cast<uint4*>(plane + elem + chunk_elem<D, kFp32>(part, c)) = raw.w[c];
+      return;
+    }
+  }
+  store16_chunks<Format::kBf16, D, kFp32>(plane, elem, part, v.x);
+}
+
 template <Format F, int D, bool kFp32>
-__device__ __forceinline__ void store_main_row(const WriteParams& p, int kv, size_t elem, int part, const float (&x)[16],
-                                               float scale) {
-  if constexpr (F == Format::kBf16 || F == Format::kFp16) {
-    store16_chunks<F, D, kFp32>(reinterpret_cast<uint16_t*>(p.codes[kv]), elem, part, x);
+__device__ __forceinline__ void store_main_row(const WriteParams& p, int kv, size_t elem, int part, const Raw16<kFp32>& raw,
+                                               const Lane16<kFp32>& v, float scale) {
+  if constexpr (F == Format::kBf16) {
+    store_bf16_row<D, kFp32>(reinterpret_cast<uint16_t*>(p.codes[kv]), elem, part, raw, v);
+  } else if constexpr (F == Format::kFp16) {
+    store16_chunks<F, D, kFp32>(reinterpret_cast<uint16_t*>(p.codes[kv]), elem, part, v.x);
   } else {
-    const uint4 q = quantize16<F>(x, scale);
+    const uint4 q = v.finite() ? quantize16<F, true>(v.x, scale) : quantize16<F>(v.x, scale);
     const uint32_t w[4] = {q.x, q.y, q.z, q.w};
     constexpr int C = kChunks<kFp32>;
 #pragma unroll
@@ -135,81 +184,78 @@ __device__ __forceinline__ void store_main_row(const WriteParams& p, int kv, siz
   }
 }
 
-// One row unit = (token, head, K|V) x the lane's 16 elements; units are dealt grid-stride, two per
-// iteration with both loads issued first. In per_block_head mode this kernel only writes the sink
-// rows, so it reads the slot before deciding to load a row at all.
-template <Format F, int D, bool kFp32, bool kSinkOnly>
-__device__ __forceinline__ void write_row(const WriteParams& p, long long unit, bool live, int32_t slot,
-                                          const Raw16<kFp32>& raw) {
-  constexpr int L = D / 16;
-  const long long row = unit / L;
-  const int part = static_cast<int>(unit % L);
-  const int kv = static_cast<int>(row % 2);
-  const int head = static_cast<int>((row / 2) % p.heads);
-  float x[16];
-  unpack<kFp32>(raw, x);
-  const bool per_token = !kSinkOnly && p.quantized && p.granularity == static_cast<int>(ScaleGranularity::kPerTokenHead);
-  float amax = 0.f;
-  if (per_token) {  // every lane of the warp takes part in the shuffles
-#pragma unroll
-    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, amax_term(x[i]));
-    amax = group_max(amax, L);
-  }
-  if (!live) return;
-  if (slot < 0) {
-    const int page = cache::slot_page(slot, p.block_size), ss = cache::slot_in_page(slot, p.block_size);
-    store16_chunks<Format::kBf16, D, kFp32>(p.sink[kv], p.geom.elem_index(page, head, ss), part, x);
-    return;
-  }
-  if constexpr (!kSinkOnly) {
-    const int page = cache::slot_page(slot, p.block_size), ss = cache::slot_in_page(slot, p.block_size);
-    float scale = 1.f;
-    if (per_token) {
-      scale = scale_for_amax(F, amax, p.geom.scale_dtype);
-      if (part == 0) cache::store_scale(p.scales[kv], p.geom.scale_index(page, head, ss), scale, p.geom.scale_dtype);
-    } else if (p.quantized) {
-      scale = cache::load_scale(p.scales[kv], 0, p.geom.scale_dtype);
-    }
-    store_main_row<F, D, kFp32>(p, kv, p.geom.elem_index(page, head, ss), part, x, scale);
-  }
+// cache::slot_page / slot_in_page for the power-of-two block sizes can_implement admits, as shifts
+// (a division by the run-time block size costs more per token than a lane's whole row arithmetic).
+struct PageSlot {
+  int page, slot;
+};
+__device__ __forceinline__ PageSlot page_slot(int32_t s, int bs_log2) {
+  const int32_t u = s < 0 ? -s - 1 : s;
+  return {u >> bs_log2, u & ((1 << bs_log2) - 1)};
 }
 
-template <Format F, int D, bool kFp32, bool kSinkOnly>
+// Tokens per thread and grid step of the rows kernel: all their loads are issued before any is
+// used (bf16: 4 x 32 bytes in flight per thread, fp32: 2 x 64).
+template <bool kFp32>
+constexpr int kRowTokens = kFp32 ? 2 : 4;
+
+// Rows kernel (sink rows, per_token_head, per_tensor, bf16/fp16 pools). Each group of L = D/16
+// lanes owns one (K|V, head) column of the rows and walks the tokens with a fixed stride, so
+// column, head and input plane are derived once per thread and a token costs one slot load and
+// its address arithmetic. Consecutive groups take consecutive heads of one plane, so a warp's
+// loads cover 32/L adjacent rows. The trip count is the same for every thread (the amax
+// shuffles need the whole warp); groups beyond the last whole column set only take part.
+template <Format F, int D, bool kFp32>
 __global__ void __launch_bounds__(kThreads) write_rows_kernel(const WriteParams p) {
-  constexpr int L = D / 16;
-  const long long total = static_cast<long long>(p.n) * p.heads * 2 * L;
-  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
-  const long long gid = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x;
-  auto token_of = [&](long long unit) { return static_cast<int>(unit / L / 2 / p.heads); };
-  struct Unit {
-    bool live;
-    int32_t slot;
-    Raw16<kFp32> raw;
-  };
-  // The slot decides (per_block_head) whether the row is read at all; loading it first costs
-  // one dependent L1/L2 hit, and the next units' loads are in flight while this one is processed.
-  auto fetch = [&](long long unit, Unit& u) {
-    const bool in = unit < total;
-    u.slot = in ? p.slots[token_of(unit)] : 0;
-    u.live = in && (!kSinkOnly || u.slot < 0);
-    if (u.live) {
-      const long long row = unit / L;
-      load_raw<D, kFp32>(p.in[row % 2], token_of(unit), static_cast<int>((row / 2) % p.heads), p.heads,
-                         static_cast<int>(unit % L), u.raw);
+  constexpr int L = D / 16, kT = kRowTokens<kFp32>;
+  const int cols = 2 * p.heads;
+  const int g = (blockIdx.x * kThreads + static_cast<int>(threadIdx.x)) / L, part = threadIdx.x % L;
+  const int step = gridDim.x * (kThreads / L) / cols;  // >= 1: launch_all sizes the grid for it
+  const int col = g % cols, t0 = g / cols;
+  const int kv = col / p.heads, head = col % p.heads;
+  const bool active = t0 < step;
+  const bool per_token = p.quantized && p.granularity == static_cast<int>(ScaleGranularity::kPerTokenHead);
+  // per_tensor: set before this kernel (tensor_scale_finalize_kernel) and fixed during it.
+  const float fixed_scale = p.quantized && !per_token ? cache::load_scale(p.scales[kv], 0, p.geom.scale_dtype) : 1.f;
+  for (int base = 0; base < p.n; base += kT * step) {
+    Raw16<kFp32> raw[kT];
+    int32_t slot[kT];
+    bool live[kT];
+#pragma unroll
+    for (int k = 0; k < kT; ++k) {
+      const int t = base + k * step + t0;
+      live[k] = active && t < p.n;
+      slot[k] = live[k] ? p.slots[t] : 0;
+      if (live[k]) {
+        load_raw<D, kFp32>(p.in[kv], t, head, p.heads, part, raw[k]);
+      } else {
+        raw[k] = Raw16<kFp32>{};
+      }
     }
-  };
-  Unit a{}, b{};
-  fetch(gid, a);
-  fetch(gid + stride, b);
-  // All threads run the same number of iterations (warp-uniform shuffles).
-  for (long long base = 0; base < total; base += 2 * stride) {
-    Unit na{}, nb{};
-    fetch(base + 2 * stride + gid, na);
-    fetch(base + 3 * stride + gid, nb);
-    write_row<F, D, kFp32, kSinkOnly>(p, base + gid, a.live, a.slot, a.raw);
-    write_row<F, D, kFp32, kSinkOnly>(p, base + stride + gid, b.live, b.slot, b.raw);
-    a = na;
-    b = nb;
+#pragma unroll
+    for (int k = 0; k < kT; ++k) {
+      const Lane16<kFp32> v(raw[k]);
+      float amax = 0.f;
+      if (per_token) amax = group_max(v.amax(), L);
+      if (!live[k]) continue;
+      const PageSlot ps = page_slot(slot[k], p.bs_log2);
+      const size_t elem = p.geom.elem_index(ps.page, head, ps.slot);
+      if (slot[k] < 0) {
+        store_bf16_row<D, kFp32>(p.sink[kv], elem, part, raw[k], v);
+        continue;
+      }
+      if constexpr (F == Format::kBf16 || F == Format::kFp16) {
+        store_main_row<F, D, kFp32>(p, kv, elem, part, raw[k], v, 1.f);
+      } else {
+        float scale = fixed_scale;
+        if (per_token) {
+          scale = scale_for_amax(F, amax, p.geom.scale_dtype);
+          if (part == 0)
+            cache::store_scale(p.scales[kv], p.geom.scale_index(ps.page, head, ps.slot), scale, p.geom.scale_dtype);
+        }
+        store_main_row<F, D, kFp32>(p, kv, elem, part, raw[k], v, scale);
+      }
+    }
   }
 }
 
@@ -245,24 +291,30 @@ __global__ void __launch_bounds__(kThreads) tensor_amax_kernel(const WriteParams
 
 __global__ void tensor_scale_finalize_kernel(const WriteParams p, Format f) {
   if (threadIdx.x != 0 || p.ws[2] == 0u) return;  // no main-pool row in this call: scale stays unset
-  const ScaleDtype sd = p.geom.scale_dtype;
   for (int kv = 0; kv < 2; ++kv)
-    if (quant::tensor_scale_unset(cache::load_scale(p.scales[kv], 0, sd)))
-      cache::store_scale(p.scales[kv], 0, scale_for_amax(f, __uint_as_float(p.ws[kv]), sd), sd);
+    if (quant::tensor_scale_unset(cache::load_scale(p.scales[kv], 0, p.geom.scale_dtype)))
+      cache::store_scale(p.scales[kv], 0, scale_for_amax(f, __uint_as_float(p.ws[kv]), p.geom.scale_dtype), p.geom.scale_dtype);
 }
 
-// per_block_head: warp w of a CTA looks for runs starting among tokens
-// [(4 * blockIdx.x + w) * bs, + bs); a run is <= bs tokens of one page. Each pass issues all of a
-// lane's loads (up to kMaxPass rows) before using them.
+// per_block_head (and its sink rows): warp w of a CTA owns the tokens
+// [(4 * group + w) * bs, + bs) of one (head, K|V): it writes the sink rows among them and the
+// runs of main-pool tokens of one page that start among them (a run ends at the next break, <= bs
+// tokens later, possibly past the window). A run's first kChunk rows are loaded once, held in
+// registers while the warp reduces the amax, and quantized from there; the rest of a longer run
+// (block 32, or D 256 / fp32 rows) is read again (from L2).
 template <Format F, int D, bool kFp32>
-__global__ void __launch_bounds__(kThreads) write_segments_kernel(const WriteParams p) {
-  constexpr int L = D / 16, kRowsPerPass = 32 / L, kMaxPass = 4;
+__global__ void __launch_bounds__(kThreads, 4) write_segments_kernel(const WriteParams p) {
+  constexpr int L = D / 16, kRowsPerPass = 32 / L;
+  // Rows in registers per lane: <= 32 registers, so that 4 CTAs (16 warps) fit on an SM without spills.
+  constexpr int kMaxPass = std::min(std::max(16 / kRowsPerPass, 1), kFp32 ? 2 : 4);
   constexpr int kChunk = kMaxPass * kRowsPerPass;
-  const int head = blockIdx.y, kv = blockIdx.z;
+  // CTAs in (window group, K|V, head) order, head fastest: neighbouring CTAs read neighbouring rows.
+  const int head = blockIdx.x % p.heads, kv = (blockIdx.x / p.heads) % 2, group = blockIdx.x / p.heads / 2;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r = lane / L, part = lane % L;
   const int bs = p.block_size;
-  const int window0 = (blockIdx.x * 4 + warp) * bs;
+  const int window0 = (group * 4 + warp) * bs;
+  if (window0 >= p.n) return;  // whole warps only
   // Lane l looks at tokens window0 + l and window0 + 32 + l: does a run of main-pool tokens in one
   // page end before it (a sink token, another page, the end of the call)? Runs start at such
   // breaks; a run that starts in the window ends at the next break (<= bs tokens later).
@@ -272,39 +324,60 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
     if (s < 0) return true;
     if (i == 0) return true;
     const int32_t prev = p.slots[i - 1];
-    return prev < 0 || prev / bs != s / bs;
+    return prev < 0 || (prev >> p.bs_log2) != (s >> p.bs_log2);
   };
   const unsigned lo = __ballot_sync(0xffffffffu, is_break(window0 + lane));
   const unsigned hi = __ballot_sync(0xffffffffu, is_break(window0 + 32 + lane));
   const unsigned long long breaks = (static_cast<unsigned long long>(hi) << 32) | lo;
-  for (int c = 0; c < bs; ++c) {
+  const unsigned in_window = bs >= 32 ? 0xffffffffu : (1u << bs) - 1u;
+  const unsigned sinks =
+      __ballot_sync(0xffffffffu, window0 + lane < p.n && p.slots[min(window0 + lane, p.n - 1)] < 0) & in_window;
+
+  // Sink rows: bf16 copies, no scale; kRowsPerPass of them per pass.
+  const int num_sinks = __popc(sinks);
+  for (int k = r; k < num_sinks; k += kRowsPerPass) {
+    const int i = window0 + static_cast<int>(__fns(sinks, 0, k + 1));
+    const PageSlot ps = page_slot(p.slots[i], p.bs_log2);
+    Raw16<kFp32> raw;
+    load_raw<D, kFp32>(p.in[kv], i, head, p.heads, part, raw);
+    store_bf16_row<D, kFp32>(p.sink[kv], p.geom.elem_index(ps.page, head, ps.slot), part, raw, Lane16<kFp32>(raw));
+  }
+
+  unsigned starts = static_cast<unsigned>(breaks) & in_window & ~sinks;
+  while (starts != 0u) {
+    const int c = __ffs(static_cast<int>(starts)) - 1;
+    starts &= starts - 1u;
     const int i = window0 + c;
-    if (i >= p.n) return;
-    if (!((breaks >> c) & 1ull)) continue;
-    const int32_t slot = p.slots[i];
-    if (slot < 0) continue;
-    const int page = cache::slot_page(slot, bs), slot0 = cache::slot_in_page(slot, bs);
+    if (i >= p.n) break;
+    const PageSlot ps = page_slot(p.slots[i], p.bs_log2);
+    const int page = ps.page, slot0 = ps.slot;
     const unsigned long long later = breaks >> (c + 1);
     const int to_break = later ? __ffsll(static_cast<long long>(later)) : 64 - c;
     const int len = min(min(to_break, bs - slot0), p.n - i);
-    float amax = 0.f;
-    for (int c0 = 0; c0 < len; c0 += kChunk) {
-      Raw16<kFp32> raw[kMaxPass];
+    // Chunk 0 of the run stays in `raw` until it is stored; later chunks are only reduced here.
+    auto load_chunk = [&](int c0, Raw16<kFp32>(&rows)[kMaxPass]) {
 #pragma unroll
       for (int q = 0; q < kMaxPass; ++q) {
         const int rr = c0 + r + q * kRowsPerPass;
-        if (rr < len) load_raw<D, kFp32>(p.in[kv], i + rr, head, p.heads, part, raw[q]);
+        if (rr < len) load_raw<D, kFp32>(p.in[kv], i + rr, head, p.heads, part, rows[q]);
       }
+    };
+    auto chunk_amax = [&](int c0, const Raw16<kFp32>(&rows)[kMaxPass], float m) {
 #pragma unroll
-      for (int q = 0; q < kMaxPass; ++q) {
-        if (c0 + r + q * kRowsPerPass < len) {
-          float x[16];
-          unpack<kFp32>(raw[q], x);
-#pragma unroll
-          for (int e = 0; e < 16; ++e) amax = fmaxf(amax, amax_term(x[e]));
-        }
-      }
+      for (int q = 0; q < kMaxPass; ++q)
+        if (c0 + r + q * kRowsPerPass < len) m = fmaxf(m, Lane16<kFp32>(rows[q]).amax());
+      return m;
+    };
+    Raw16<kFp32> raw[kMaxPass];
+    load_chunk(0, raw);
+    float amax = chunk_amax(0, raw, 0.f);
+    for (int c0 = kChunk; c0 < len; c0 += kChunk) {
+      Raw16<kFp32> more[kMaxPass];
+      load_chunk(c0, more);
+      amax = chunk_amax(c0, more, amax);
     }
+#pragma unroll
+    for (int q = 0; q < kMaxPass; ++q) opaque<kFp32>(raw[q]);
     amax = group_max(amax, 32);
     // The amax plane is indexed like the per_block_head scale plane ([page][head]).
     const size_t ph = p.geom.scale_index(page, head, 0);
@@ -345,20 +418,12 @@ __global__ void __launch_bounds__(kThreads) write_segments_kernel(const WritePar
       }
     }
     for (int c0 = 0; c0 < len; c0 += kChunk) {
-      Raw16<kFp32> raw[kMaxPass];
+      if (c0 > 0) load_chunk(c0, raw);  // chunk 0 is still in registers
 #pragma unroll
       for (int q = 0; q < kMaxPass; ++q) {
         const int rr = c0 + r + q * kRowsPerPass;
-        if (rr < len) load_raw<D, kFp32>(p.in[kv], i + rr, head, p.heads, part, raw[q]);
-      }
-#pragma unroll
-      for (int q = 0; q < kMaxPass; ++q) {
-        const int rr = c0 + r + q * kRowsPerPass;
-        if (rr < len) {
-          float x[16];
-          unpack<kFp32>(raw[q], x);
-          store_main_row<F, D, kFp32>(p, kv, p.geom.elem_index(page, head, slot0 + rr), part, x, scale);
-        }
+        if (rr < len)
+          store_main_row<F, D, kFp32>(p, kv, p.geom.elem_index(page, head, slot0 + rr), part, raw[q], Lane16<kFp32>(raw[q]), scale);
       }
     }
   }
@@ -392,11 +457,21 @@ int ctas_per_sm() {
 
 template <Format F, int D, bool kFp32>
 Status launch_all(const WriteParams& p, cudaStream_t stream, bool per_tensor, bool per_block, Format f) {
-  const long long threads = static_cast<long long>(p.n) * p.heads * 2 * (D / 16);
-  // One wave of CTAs (or fewer for small calls); each thread walks the rows grid-stride.
-  const int wave = sm_count() * (per_block ? ctas_per_sm<write_rows_kernel<F, D, kFp32, true>>()
-                                           : ctas_per_sm<write_rows_kernel<F, D, kFp32, false>>());
-  const int blocks = static_cast<int>(std::clamp<long long>((threads + 2 * kThreads - 1) / (2 * kThreads), 1, wave));
+  if (per_block) {
+    if constexpr (F != Format::kBf16 && F != Format::kFp16) {
+      const long long groups = (p.n + 4LL * p.block_size - 1) / (4LL * p.block_size);
+      write_segments_kernel<F, D, kFp32><<<static_cast<unsigned>(groups * p.heads * 2), kThreads, 0, stream>>>(p);
+      return launch_status("cuda write: page-head kernel");
+    }
+  }
+  constexpr int L = D / 16, kGroups = kThreads / L;
+  const long long cols = 2LL * p.heads;
+  // Enough CTAs that every thread has kRowTokens tokens, at most one wave (then each thread walks
+  // several steps), and at least one token column for every (K|V, head).
+  const long long want = (static_cast<long long>(p.n) * cols + kGroups * kRowTokens<kFp32> - 1) / (kGroups * kRowTokens<kFp32>);
+  const long long wave = static_cast<long long>(sm_count()) * ctas_per_sm<write_rows_kernel<F, D, kFp32>>();
+  const long long least = (cols + kGroups - 1) / kGroups;
+  const int blocks = static_cast<int>(std::max(std::min(want, wave), least));
   if (per_tensor) {
     KVQ_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(p.ws, 0, 3 * sizeof(unsigned), stream), "cuda write: workspace reset"));
     tensor_amax_kernel<D, kFp32><<<std::min(blocks, 4096), kThreads, 0, stream>>>(p);
@@ -404,20 +479,8 @@ Status launch_all(const WriteParams& p, cudaStream_t stream, bool per_tensor, bo
     tensor_scale_finalize_kernel<<<1, 32, 0, stream>>>(p, f);
     KVQ_RETURN_IF_ERROR(launch_status("cuda write: tensor scale kernel"));
   }
-  if (per_block) {
-    write_rows_kernel<F, D, kFp32, true><<<blocks, kThreads, 0, stream>>>(p);
-  } else {
-    write_rows_kernel<F, D, kFp32, false><<<blocks, kThreads, 0, stream>>>(p);
-  }
-  KVQ_RETURN_IF_ERROR(launch_status("cuda write: rows kernel"));
-  if (per_block) {
-    if constexpr (F != Format::kBf16 && F != Format::kFp16) {
-      const dim3 grid((p.n + 4 * p.block_size - 1) / (4 * p.block_size), p.heads, 2);
-      write_segments_kernel<F, D, kFp32><<<grid, kThreads, 0, stream>>>(p);
-      KVQ_RETURN_IF_ERROR(launch_status("cuda write: page-head kernel"));
-    }
-  }
-  return Status::ok();
+  write_rows_kernel<F, D, kFp32><<<blocks, kThreads, 0, stream>>>(p);
+  return launch_status("cuda write: rows kernel");
 }
 
 template <Format F, int D>
@@ -481,6 +544,7 @@ Status run(const WriteArgs& a, void* workspace, CUstream_st* stream) {
   p.in[0] = a.k, p.in[1] = a.v;
   p.slots = a.slot_mapping;
   p.n = a.num_tokens, p.heads = g.num_kv_heads, p.block_size = g.block_size;
+  p.bs_log2 = g.block_size == 32 ? 5 : 4;  // can_implement admits 16 and 32
   p.granularity = static_cast<int>(g.granularity);
   p.quantized = g.has_scales();
   p.ws = static_cast<unsigned*>(workspace);

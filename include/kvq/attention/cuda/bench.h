@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kvq/attention/cuda/write.h"
 #include "kvq/common/cuda_device.h"
 #include "kvq/common/status.h"
 #include "kvq/format/format.h"
@@ -69,16 +70,19 @@ struct WriteBenchOptions {
   int num_tokens = 16384, num_kv_heads = 8, head_dim = 128, block_size = 16;
   std::vector<Format> formats = {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kBf16};
   std::vector<ScaleGranularity> granularities = {ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead};
+  // Row types timed: bf16 (what engines hand a cache) and/or fp32 (what kvq's CUDA backend passes).
+  std::vector<InputType> inputs = {InputType::kBf16};
   uint64_t seed = 1;
   BenchTiming timing;
 };
 
 struct WriteBenchRow {
+  InputType input = InputType::kBf16;
   Format format = Format::kBf16;
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   int num_tokens = 0, num_kv_heads = 0, head_dim = 0;
   double us_median = 0, us_min = 0, us_max = 0;
-  double bytes = 0;           // bf16 rows read + codes + scales written
+  double bytes = 0;           // rows read (bf16 or fp32) + codes + scales written
   double tb_per_s = 0, frac_of_copy = 0;
 };
 
