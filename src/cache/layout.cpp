@@ -13,6 +13,7 @@ CacheGeometry geometry_of(const QuantSpec& spec, int num_layers, int num_kv_head
   g.format = spec.format;
   g.granularity = spec.granularity;
   g.outlier_capacity = outlier_capacity_of(spec);
+  g.scale_dtype = spec.scale_dtype;
   return g;
 }
 
@@ -25,8 +26,8 @@ bool valid_shape(const QuantSpec& spec, int num_layers, int num_kv_heads, int he
 size_t bytes_per_page(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim) {
   if (!valid_shape(spec, num_layers, num_kv_heads, head_dim)) return 0;
   const CacheGeometry g = geometry_of(spec, num_layers, num_kv_heads, head_dim);
-  const size_t one_plane =
-      g.bytes_per_page() + g.scales_per_page() * sizeof(float) + g.outlier_words_per_page() * sizeof(uint32_t);
+  const size_t one_plane = g.bytes_per_page() + g.scales_per_page() * g.scale_bytes() +
+                          g.outlier_words_per_page() * sizeof(uint32_t);
   return static_cast<size_t>(num_layers) * 2 * one_plane;
 }
 

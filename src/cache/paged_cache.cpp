@@ -50,9 +50,13 @@ Status validate(const CacheConfig& cfg) {
   }
   if (!format_traits(sp.format).cache_ready)
     return unsupported(std::string(format_name(sp.format)) + " KV cache not implemented yet; use int8 or fp8");
-  if (sp.scale_dtype != ScaleDtype::kFp32) return unsupported("fp16 scale planes are not implemented yet; use fp32");
+  if (sp.scale_dtype != ScaleDtype::kFp32 && sp.scale_dtype != ScaleDtype::kFp16) {
+    return invalid_argument("unknown scale dtype value " + std::to_string(static_cast<int>(sp.scale_dtype)));
+  }
   if (sp.outliers && (sp.format != Format::kInt4 || sp.granularity != ScaleGranularity::kPerTokenHead))
     return unsupported("outlier side planes (int4_outlier) go with int4 per_token_head scales only");
+  if (sp.outliers && sp.scale_dtype != ScaleDtype::kFp32)
+    return unsupported("int4_outlier keeps fp32 scales; drop --kv-scale-dtype fp16 for it");
   if (sp.granularity != ScaleGranularity::kPerTensor && sp.granularity != ScaleGranularity::kPerTokenHead &&
       sp.granularity != ScaleGranularity::kPerBlockHead) {
     return invalid_argument("unknown scale granularity value " + std::to_string(static_cast<int>(sp.granularity)));
@@ -112,6 +116,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
   g.format = cfg.spec.format;
   g.granularity = cfg.spec.granularity;
   g.outlier_capacity = outlier_capacity_of(cfg.spec);
+  g.scale_dtype = cfg.spec.scale_dtype;
   // The window is a no-op for unquantized formats: their pages are bf16/fp16 already.
   g.recent_tokens = cfg.spec.quantized() ? cfg.spec.recent_tokens : 0;
   g.num_recent_pages = g.recent_tokens > 0 ? cfg.num_recent_pages : 0;
@@ -119,7 +124,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
   // Checked in floating point first: the exact product can overflow size_t for absurd shapes.
   const double per_layer = 2.0 * (static_cast<double>(g.elems_per_page()) * format_bits(g.format) / 8 * g.num_pages +
                                   static_cast<double>(g.elems_per_page()) * 2 * (g.num_sink_pages + g.num_recent_pages) +
-                                  static_cast<double>(g.scales_per_page()) * 4 * g.num_pages +
+                                  static_cast<double>(g.scales_per_page()) * g.scale_bytes() * g.num_pages +
                                   static_cast<double>(g.outlier_plane_bytes()));
   const double total = per_layer * g.num_layers;
   constexpr double kLimit = 1ull << 46;  // 64 TiB: beyond any host this runs on
@@ -364,8 +369,9 @@ Status PagedKvCache::copy_page(bool sink, int32_t from, int32_t to) {
     std::memcpy(p.v_codes.data() + nb * to, p.v_codes.data() + nb * from, nb);
     const size_t ns = geom_.scales_per_page();
     if (ns > 0) {
-      std::memcpy(p.k_scales.data() + ns * to, p.k_scales.data() + ns * from, ns * sizeof(float));
-      std::memcpy(p.v_scales.data() + ns * to, p.v_scales.data() + ns * from, ns * sizeof(float));
+      const size_t nsb = ns * geom_.scale_bytes();
+      std::memcpy(p.k_scale_bytes() + nsb * to, p.k_scale_bytes() + nsb * from, nsb);
+      std::memcpy(p.v_scale_bytes() + nsb * to, p.v_scale_bytes() + nsb * from, nsb);
     }
     const size_t nw = geom_.outlier_words_per_page();
     if (nw > 0) {
@@ -504,36 +510,44 @@ void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0,
   const int page_first_token = s.sink_capacity + block * bs;
   const int filled = std::clamp(s.written[static_cast<size_t>(layer)] - page_first_token, 0, bs);
   Planes& pl = layers_[static_cast<size_t>(layer)];
+  const ScaleDtype sd = geom_.scale_dtype;
+  // The stored scale of a row or run with this amax, its fp16 clamping counted.
+  auto scale_of = [&](float amax) {
+    stats_.scale_clamped += quant::scale_clamped(f, amax, sd);
+    return quant::scale_for_amax(f, amax, sd);
+  };
 
   for (int kv = 0; kv < 2; ++kv) {
     const float* src = kv == 0 ? k : v;
     uint8_t* codes = kv == 0 ? pl.k_codes.data() : pl.v_codes.data();
-    float* scales = kv == 0 ? pl.k_scales.data() : pl.v_scales.data();
+    void* scales = kv == 0 ? pl.k_scales.data() : pl.v_scales.data();
     for (int h = 0; h < heads; ++h) {
       auto row = [&](int slot) { return src + static_cast<size_t>(slot - slot0) * row_stride + static_cast<size_t>(h) * d; };
       auto dst = [&](int slot) { return codes + geom_.code_offset(page, h, slot); };
       if (!geom_.has_scales() || geom_.granularity == ScaleGranularity::kPerTensor) {
-        const float scale = geom_.has_scales() ? scales[0] : 1.0f;
+        const float scale = geom_.has_scales() ? load_scale(scales, 0, sd) : 1.0f;
         for (int t = slot0; t < slot1; ++t) quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
       } else if (geom_.outlier_capacity > 0) {
         write_outlier_rows(layer, kv, page, h, slot0, slot1, filled, row);
       } else if (geom_.granularity == ScaleGranularity::kPerTokenHead) {
         for (int t = slot0; t < slot1; ++t) {
-          const float scale = quant::scale_for_amax(f, quant::finite_amax(row(t), d));
-          scales[geom_.scale_index(page, h, t)] = scale;
+          const float scale = scale_of(quant::finite_amax(row(t), d));
+          store_scale(scales, geom_.scale_index(page, h, t), scale, sd);
           quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
         }
       } else {  // per_block_head
         float amax = 0.f;
         for (int t = slot0; t < slot1; ++t) amax = std::max(amax, quant::finite_amax(row(t), d));
         float& page_amax = *block_amax(layer, kv, page, h);
-        float& scale = scales[geom_.scale_index(page, h, 0)];
+        const size_t si = geom_.scale_index(page, h, 0);
+        float scale = load_scale(scales, si, sd);
         const bool keeps_old = slot0 > 0 || slot1 < filled;
         if (!keeps_old) {
           page_amax = amax;
-          scale = quant::scale_for_amax(f, amax);
+          scale = scale_of(amax);
+          store_scale(scales, si, scale, sd);
         } else if (quant::block_scale_grows(amax, page_amax)) {
-          const float grown = quant::scale_for_amax(f, amax);
+          const float grown = scale_of(amax);
           float tmp[kMaxHeadDim];
           quant::QuantStats ignored;  // re-encoding is not new input: only the event is counted
           for (int t = 0; t < filled; ++t) {
@@ -544,6 +558,7 @@ void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0,
           ++stats_.requantized_page_heads;
           page_amax = amax;
           scale = grown;
+          store_scale(scales, si, scale, sd);
         }
         for (int t = slot0; t < slot1; ++t) quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
       }
@@ -651,7 +666,7 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
         uint8_t& set = tensor_scale_set_[static_cast<size_t>(layer) * 2 + kv];
         if (set) continue;
         const float amax = quant::finite_amax(kv == 0 ? k0 : v0, static_cast<int>(n));
-        (kv == 0 ? pl.k_scales : pl.v_scales)[0] = quant::scale_for_amax(geom_.format, amax);
+        set_tensor_scale(pl, kv, amax);
         set = 1;
       }
     }
@@ -678,6 +693,12 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
   return Status::ok();
 }
 
+void PagedKvCache::set_tensor_scale(Planes& pl, int kv, float amax) {
+  stats_.scale_clamped += quant::scale_clamped(geom_.format, amax, geom_.scale_dtype);
+  store_scale(kv == 0 ? pl.k_scales.data() : pl.v_scales.data(), 0,
+              quant::scale_for_amax(geom_.format, amax, geom_.scale_dtype), geom_.scale_dtype);
+}
+
 Status PagedKvCache::fix_tensor_scale(int layer, float k_amax, float v_amax) {
   if (!cfg_.host_planes) return no_planes("fix_tensor_scale()");
   KVQ_RETURN_IF_ERROR(check_layer(layer));
@@ -686,7 +707,7 @@ Status PagedKvCache::fix_tensor_scale(int layer, float k_amax, float v_amax) {
   for (int kv = 0; kv < 2; ++kv) {
     uint8_t& set = tensor_scale_set_[static_cast<size_t>(layer) * 2 + kv];
     if (set) continue;
-    (kv == 0 ? pl.k_scales : pl.v_scales)[0] = quant::scale_for_amax(geom_.format, kv == 0 ? k_amax : v_amax);
+    set_tensor_scale(pl, kv, kv == 0 ? k_amax : v_amax);
     set = 1;
   }
   return Status::ok();
@@ -723,8 +744,8 @@ Status PagedKvCache::read_token(SeqId seq, int layer, int pos, float* k, float* 
     const size_t off = geom_.code_offset(page, h, slot);
     float ks = 1.f, vs = 1.f;
     if (geom_.has_scales()) {
-      ks = pl.k_scales[geom_.scale_index(page, h, slot)];
-      vs = pl.v_scales[geom_.scale_index(page, h, slot)];
+      ks = load_scale(pl.k_scales.data(), geom_.scale_index(page, h, slot), geom_.scale_dtype);
+      vs = load_scale(pl.v_scales.data(), geom_.scale_index(page, h, slot), geom_.scale_dtype);
     }
     quant::dequantize_row(geom_.format, pl.k_codes.data() + off, d, ks, k + static_cast<size_t>(h) * d);
     quant::dequantize_row(geom_.format, pl.v_codes.data() + off, d, vs, v + static_cast<size_t>(h) * d);

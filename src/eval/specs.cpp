@@ -101,9 +101,10 @@ Result<std::vector<SpecRequest>> parse_spec_list(const SpecListOptions& o) {
       else if (parse_prefixed_int(p, "b", &v)) qo.block_size = v;
       else if (parse_granularity(p).is_ok()) inline_gran = p;
       else if (parse_rotation(p).is_ok()) qo.rotate = p;
+      else if (p == "fp16_scales" || p == "fp32_scales") qo.scale_dtype = p.substr(0, 4);
       else
         return invalid_argument("--kv-cache-dtype entry '" + entry + "': unknown option '" + p +
-                                "' (expected a granularity such as per_tensor, sinkN, recentN, bN or hadamard)");
+                                "' (expected a granularity such as per_tensor, sinkN, recentN, bN, hadamard or fp16_scales)");
     }
     const std::vector<std::string> use = inline_gran.empty() ? grans : std::vector<std::string>{inline_gran};
     for (const auto& g : use) {

@@ -106,10 +106,9 @@ Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format)
   if (opts.scale_dtype == "fp32" || opts.scale_dtype == "float32") {
     spec.scale_dtype = ScaleDtype::kFp32;
   } else if (opts.scale_dtype == "fp16" || opts.scale_dtype == "float16") {
-    return unsupported("fp16 scale planes are not implemented yet; use --kv-scale-dtype fp32 "
-                       "(4 bytes per scale)");
+    spec.scale_dtype = ScaleDtype::kFp16;
   } else {
-    return invalid_argument("unknown --kv-scale-dtype '" + opts.scale_dtype + "'; accepted: fp32");
+    return invalid_argument("unknown --kv-scale-dtype '" + opts.scale_dtype + "'; accepted: fp32, fp16");
   }
 
   if (opts.block_size != 16 && opts.block_size != 32) {

@@ -26,16 +26,19 @@ struct CacheCase {
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   int head_dim = 64, kv_heads = 2, group = 1, block = 16, sink = 0;
   int recent = 0;  // bf16 recent window (QuantSpec::recent_tokens)
+  ScaleDtype scale_dtype = ScaleDtype::kFp32;
 
   QuantSpec spec() const {
     QuantSpec s;
     s.format = format, s.granularity = granularity, s.block_size = block, s.sink_tokens = sink;
     s.recent_tokens = recent;
+    s.scale_dtype = scale_dtype;
     return s;
   }
   std::string name() const {
     std::string n = format_name(format);
     if (is_quantized(format)) n += std::string("_") + granularity_name(granularity);
+    if (is_quantized(format) && scale_dtype == ScaleDtype::kFp16) n += "_fp16scales";
     return n + "_d" + std::to_string(head_dim) + "_g" + std::to_string(group) + "_b" + std::to_string(block) + "_s" +
            std::to_string(sink) + (recent > 0 ? "_r" + std::to_string(recent) : "");
   }
@@ -74,6 +77,17 @@ inline std::vector<CacheCase> write_cases() {
     c.head_dim = 8, c.block = 32, c.sink = 0, c.recent = 64;
     v.push_back(c);
   }
+  // fp16 scale planes (DESIGN §3): every quantized pair at every head_dim, both blocks, a sink.
+  for (auto [f, g] : format_pairs()) {
+    if (!is_quantized(f)) continue;
+    for (int d : {8, 64, 128})
+      for (int b : {16, 32}) {
+        CacheCase c;
+        c.format = f, c.granularity = g, c.head_dim = d, c.block = b, c.sink = b == 16 ? 32 : 0;
+        c.scale_dtype = ScaleDtype::kFp16;
+        v.push_back(c);
+      }
+  }
   return v;
 }
 
@@ -107,6 +121,17 @@ inline std::vector<CacheCase> attention_cases() {
     c.head_dim = s[0], c.group = s[1], c.block = s[2], c.sink = s[3], c.recent = recents[i % 3];
     v.push_back(c);
   }
+  // fp16 scale planes: each quantized pair on 4 shapes, rotated the other way round (18 shapes
+  // apart from its fp32 ones), so every granularity meets every head_dim and ratio.
+  for (size_t i = 2; i < pairs.size(); ++i)
+    for (int j = 0; j < 4; ++j) {
+      const int* s = shapes[(4 * (i - 2) + 6 + j) % 12];
+      CacheCase c;
+      c.format = pairs[i].first, c.granularity = pairs[i].second;
+      c.head_dim = s[0], c.group = s[1], c.block = s[2], c.sink = s[3];
+      c.scale_dtype = ScaleDtype::kFp16;
+      v.push_back(c);
+    }
   return v;
 }
 
@@ -167,11 +192,10 @@ inline void fill_canaries(Backend& be, CacheStorage& st, cache::PagedKvCache& re
       if (bytes == 0) return;
       ASSERT_NE(d, nullptr);
       std::vector<uint8_t> c(bytes);
-      if (scales) {
-        std::vector<float> s(bytes / 4);
-        for (float& x : s) x = scale(rng);
-        if (g.granularity == ScaleGranularity::kPerTensor) s[0] = 0.f;
-        std::memcpy(c.data(), s.data(), bytes);
+      if (scales) {  // plausible scales of the plane's dtype (0 at element 0 = per_tensor unset)
+        for (size_t i = 0; i < bytes / g.scale_bytes(); ++i)
+          cache::store_scale(c.data(), i, quant::stored_scale(scale(rng), g.scale_dtype), g.scale_dtype);
+        if (g.granularity == ScaleGranularity::kPerTensor) cache::store_scale(c.data(), 0, 0.f, g.scale_dtype);
       } else {
         for (uint8_t& x : c) x = static_cast<uint8_t>(byte(rng));
       }
@@ -394,8 +418,8 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
     const size_t eb = static_cast<size_t>(format_bits(g.format));
     EXPECT_TRUE(same_bytes("K codes", got.k_codes.data(), want.k_codes.data(), want.k_codes.size(), eb, g));
     EXPECT_TRUE(same_bytes("V codes", got.v_codes.data(), want.v_codes.data(), want.v_codes.size(), eb, g));
-    EXPECT_TRUE(same_bytes("K scales", got.k_scales.data(), want.k_scales.data(), want.k_scales.size() * 4, 32, g));
-    EXPECT_TRUE(same_bytes("V scales", got.v_scales.data(), want.v_scales.data(), want.v_scales.size() * 4, 32, g));
+    EXPECT_TRUE(same_bytes("K scales", got.k_scales.data(), want.k_scales.data(), want.k_scales.size() * 4, 8 * g.scale_bytes(), g));
+    EXPECT_TRUE(same_bytes("V scales", got.v_scales.data(), want.v_scales.data(), want.v_scales.size() * 4, 8 * g.scale_bytes(), g));
     EXPECT_TRUE(same_bytes("K sink", got.k_sink.data(), want.k_sink.data(), want.k_sink.size() * 2, 16, g));
     EXPECT_TRUE(same_bytes("V sink", got.v_sink.data(), want.v_sink.data(), want.v_sink.size() * 2, 16, g));
     ASSERT_EQ(got.k_recent.size(), want.k_recent.size());

@@ -93,6 +93,18 @@ TEST(ParseQuantSpec, AutoResolvesToTheMachineFormat) {
   }
 }
 
+TEST(ParseQuantSpec, Fp16ScaleDtype) {
+  for (const char* name : {"fp16", "float16"}) {
+    QuantOptions o;
+    o.kv_cache_dtype = "int8";
+    o.scale_dtype = name;
+    Result<QuantSpec> r = parse_quant_spec(o);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(r->scale_dtype, ScaleDtype::kFp16);
+    EXPECT_EQ(r->to_string(), "int8/per_token_head/fp16_scales/b16/sink256");
+  }
+}
+
 TEST(ParseQuantSpec, ExplicitValues) {
   QuantOptions o;
   o.kv_cache_dtype = "fp8";
@@ -135,7 +147,6 @@ TEST(ParseQuantSpec, BadValuesFailWithTheirOptionName) {
   cases.push_back({with([](QuantOptions& o) { o.kv_cache_dtype = "fp9"; }), StatusCode::kInvalidArgument, "--kv-cache-dtype"});
   cases.push_back({with([](QuantOptions& o) { o.kv_cache_dtype = "int4_kivi"; }), StatusCode::kUnsupported, "int4_kivi"});
   cases.push_back({with([](QuantOptions& o) { o.granularity = "per_channel"; }), StatusCode::kInvalidArgument, "--kv-scale-granularity"});
-  cases.push_back({with([](QuantOptions& o) { o.scale_dtype = "fp16"; }), StatusCode::kUnsupported, "fp32"});
   cases.push_back({with([](QuantOptions& o) { o.scale_dtype = "bf16"; }), StatusCode::kInvalidArgument, "fp32"});
   cases.push_back({with([](QuantOptions& o) { o.scale_dtype = ""; }), StatusCode::kInvalidArgument, "fp32"});
   for (int bs : {0, 1, 8, 15, 17, 24, 64, -16}) {

@@ -254,7 +254,6 @@ const std::vector<Refusal>& refusals() {
       {{{"--kv-cache-dtype", "int4_kivi"}}, "--kv-cache-dtype"},
       {{{"--kv-cache-dtype", ""}}, "--kv-cache-dtype"},
       {{{"--kv-scale-granularity", "per_galaxy"}}, "--kv-scale-granularity"},
-      {{{"--kv-scale-dtype", "fp16"}}, "--kv-scale-dtype"},
       {{{"--kv-scale-dtype", "bf16"}}, "--kv-scale-dtype"},
       {{{"--block-size", "24"}}, "--block-size"},
       {{{"--block-size", "0"}}, "--block-size"},

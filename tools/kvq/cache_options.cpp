@@ -113,7 +113,7 @@ void add_cache_options(CLI::App* app, CacheCliOptions& o, CacheCommand cmd) {
         ->capture_default_str();
   }
   if (set.scale_dtype)
-    app->add_option("--kv-scale-dtype", o.kv_scale_dtype, "type of the stored scales: fp32")->capture_default_str();
+    app->add_option("--kv-scale-dtype", o.kv_scale_dtype, "type of the stored scales: fp32, or fp16 (half the scale bytes; rounded up, see docs/ARCHITECTURE.md)")->capture_default_str();
   if (set.block_size) {
     refuse_empty_number(
         app->add_option("--block-size", o.block_size, "tokens per cache page: 16 or 32")->capture_default_str());

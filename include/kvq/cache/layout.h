@@ -6,10 +6,12 @@
 //   codes  [num_pages][num_kv_heads][block_size][head_dim]   elements of `format` (head-major);
 //          int4 packs two per byte (element 2i in the low nibble), so a row is head_dim / 2 bytes.
 //          Always address codes through code_offset / row_code_bytes, never elem_index * bytes.
-//   scales plane, separate and 128-byte aligned:
-//     per_token_head: [num_pages][num_kv_heads][block_size] fp32
-//     per_block_head: [num_pages][num_kv_heads]             fp32
-//     per_tensor:     [1]                                   fp32 (0 until the first write)
+//   scales plane, separate and 128-byte aligned, elements of the spec's scale dtype (fp32, or fp16
+//   bits; quant/policy.h says how an fp16 scale is chosen); read and written only through
+//   load_scale / store_scale below:
+//     per_token_head: [num_pages][num_kv_heads][block_size]
+//     per_block_head: [num_pages][num_kv_heads]
+//     per_tensor:     [1]                       (0 until the first write)
 //     bf16/fp16:      none
 //   sink   [num_sink_pages][num_kv_heads][block_size][head_dim] bf16
 //   outliers (int4_outlier only): [num_pages][num_kv_heads][1 + outlier_capacity] uint32: a count,
@@ -23,8 +25,10 @@
 // key t >= sink_len from the twin iff t >= q + 1 - R (uses_recent), otherwise from the codes.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kvq/common/macros.h"
+#include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
 #include "kvq/quant/outlier.h"
 #include "kvq/quant/spec.h"
@@ -47,6 +51,7 @@ struct CacheGeometry {
   Format format = Format::kBf16;
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   int outlier_capacity = 0;  // sparse entries per page head (int4_outlier); 0: no outlier plane
+  ScaleDtype scale_dtype = ScaleDtype::kFp32;
 
   KVQ_HD size_t elems_per_head_tile() const { return static_cast<size_t>(block_size) * head_dim; }
   KVQ_HD size_t elems_per_page() const { return elems_per_head_tile() * num_kv_heads; }
@@ -64,7 +69,8 @@ struct CacheGeometry {
   // Bytes of one (token, head) row of codes.
   KVQ_HD size_t row_code_bytes() const { return static_cast<size_t>(head_dim) * format_bits(format) / 8; }
   KVQ_HD bool has_scales() const { return is_quantized(format); }
-  // Number of fp32 scales per page (0 for per_tensor and unquantized formats).
+  KVQ_HD size_t scale_bytes() const { return scale_dtype == ScaleDtype::kFp16 ? 2 : 4; }
+  // Number of scales per page (0 for per_tensor and unquantized formats).
   KVQ_HD size_t scales_per_page() const {
     if (!has_scales()) return 0;
     switch (granularity) {
@@ -86,7 +92,7 @@ struct CacheGeometry {
   KVQ_HD size_t scale_plane_bytes() const {
     if (!has_scales()) return 0;
     size_t n = granularity == ScaleGranularity::kPerTensor ? 1 : scales_per_page() * num_pages;
-    return align_up(n * sizeof(float), kPlaneAlignment);
+    return align_up(n * scale_bytes(), kPlaneAlignment);
   }
   // Outlier plane: (1 + capacity) words per page head, the count first.
   KVQ_HD size_t outlier_words_per_page() const {
@@ -118,6 +124,42 @@ KVQ_HD int recent_first_main(int q_pos, int sink_len, int main_len, int recent_t
   const int u = q_pos + 1 - recent_tokens - sink_len;
   return u < 0 ? 0 : (u > main_len ? main_len : u);
 }
+// Element i of a scale plane of dtype d, widened to float. fp16 planes hold the bits of values
+// quant::stored_scale made exactly representable, so store then load returns the same float.
+// The host copies bytes (its planes are float storage whatever the dtype: no type punning).
+KVQ_HD float load_scale(const void* plane, size_t i, ScaleDtype d) {
+#if defined(__CUDA_ARCH__)
+  if (d == ScaleDtype::kFp16) return format::fp16_to_float(static_cast<const uint16_t*>(plane)[i]);
+  return static_cast<const float*>(plane)[i];
+#else
+  const auto* b = static_cast<const unsigned char*>(plane);
+  if (d == ScaleDtype::kFp16) {
+    uint16_t h;
+    std::memcpy(&h, b + i * 2, 2);
+    return format::fp16_to_float(h);
+  }
+  float f;
+  std::memcpy(&f, b + i * 4, 4);
+  return f;
+#endif
+}
+KVQ_HD void store_scale(void* plane, size_t i, float s, ScaleDtype d) {
+#if defined(__CUDA_ARCH__)
+  if (d == ScaleDtype::kFp16) {
+    static_cast<uint16_t*>(plane)[i] = format::float_to_fp16(s);
+  } else {
+    static_cast<float*>(plane)[i] = s;
+  }
+#else
+  auto* b = static_cast<unsigned char*>(plane);
+  if (d == ScaleDtype::kFp16) {
+    const uint16_t h = format::float_to_fp16(s);
+    std::memcpy(b + i * 2, &h, 2);
+  } else {
+    std::memcpy(b + i * 4, &s, 4);
+  }
+#endif
+}
 
 // Destination of one token row in a cache write (backend::CacheWriteArgs::slot_mapping): a main
 // pool slot is page * block_size + slot (>= 0), a bf16 sink slot -(sink_page * block_size + slot) - 1.
@@ -142,8 +184,8 @@ KVQ_HD int slot_in_page(int32_t s, int block_size) { return (s < 0 ? -s - 1 : s)
 struct LayerView {
   uint8_t* k_codes = nullptr;
   uint8_t* v_codes = nullptr;
-  float* k_scales = nullptr;  // null when the format has no scales
-  float* v_scales = nullptr;
+  void* k_scales = nullptr;  // geometry's scale_dtype (load_scale / store_scale); null when unscaled
+  void* v_scales = nullptr;
   uint16_t* k_sink = nullptr;  // bf16 bits; null when the cache has no sink pages
   uint16_t* v_sink = nullptr;
   uint32_t* k_outliers = nullptr;  // null unless the geometry has an outlier plane
@@ -177,13 +219,13 @@ struct BatchTablesView {
 //
 // Exact bytes of one page index across all layers, K and V: codes plus scales (plus the outlier
 // plane of int4_outlier: 4 * num_kv_heads * (1 + block_size) more per layer and K/V), i.e.
-//   num_layers * 2 * (num_kv_heads * block_size * head_dim * bits / 8 + scales_per_page * 4)
+//   num_layers * 2 * (num_kv_heads * block_size * head_dim * bits / 8 + scales_per_page * scale bytes)
 // with scales_per_page = num_kv_heads * block_size (per_token_head), num_kv_heads
 // (per_block_head), 0 (per_tensor: one scale per layer, a constant; bf16/fp16: none).
 size_t bytes_per_page(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);
 // Bytes of KV per token across all layers, K and V, scale metadata included:
 // bytes_per_page / block_size, rounded up. The division is exact except for per_block_head when
-// 8 * num_layers * num_kv_heads is not a multiple of block_size (the per-page scales do not split
+// 2 * scale bytes * num_layers * num_kv_heads is not a multiple of block_size (the per-page scales do not split
 // into whole bytes per token); use bytes_per_page for exact totals.
 size_t bytes_per_token(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);
 // Tokens that fit in `bytes` of page memory with this spec (whole pages only):

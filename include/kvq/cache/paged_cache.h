@@ -21,6 +21,8 @@
 //       heads separately); an old token may thus carry one rounding per growth event;
 //     per_tensor: fixed per layer (K and V apart) by the first write that reaches the quantized
 //       pages (its amax / qmax); later larger values saturate (QuantStats::saturated).
+//   With fp16 scales (spec.scale_dtype) each is rounded up to fp16 and the codes divide by the
+//   rounded value (quant/policy.h); out-of-range scales are clamped and counted (scale_clamped).
 // - Non-finite inputs are stored as 0 and counted (QuantStats::nonfinite), in the sink as well.
 // - Recent window (spec.recent_tokens R > 0, quantized formats): every main page gets a private
 //   bf16 twin page from the recent pool when it is allocated; write() stores each main token's
@@ -75,8 +77,7 @@ struct MemoryReport {
 class PagedKvCache {
  public:
   // Validates with clear errors: num_layers >= 1, num_kv_heads >= 1, head_dim 8..256 and a
-  // multiple of 8, block 16|32, num_pages >= 1, the sink rule above, no int4 (kUnsupported), fp32
-  // scales. kOutOfMemory when the planes cannot be allocated. All planes start zeroed.
+  // multiple of 8, block 16|32, num_pages >= 1, the sink rule above, no int4 (kUnsupported). kOutOfMemory when the planes cannot be allocated. All planes start zeroed.
   static Result<std::unique_ptr<PagedKvCache>> create(const CacheConfig& cfg);
 
   // Recent pages one sequence holds at most while it appends `chunk` tokens per extend() with a
@@ -169,15 +170,18 @@ class PagedKvCache {
 
   // Raw planes for upload to a device mirror and for canary checks in tests. Each starts on a
   // 128-byte boundary and its size() covers the padded plane of layout.h (code_plane_bytes()
-  // bytes, scale_plane_bytes() / 4 floats, sink_plane_bytes() / 2 and recent_plane_bytes() / 2 bf16
-  // values); unused ones are
-  // empty. The per_tensor scale of a layer is scales[0], 0 until set.
+  // bytes, scale_plane_bytes() / 4 words, sink_plane_bytes() / 2 and recent_plane_bytes() / 2 bf16
+  // values); unused ones are empty. The scale planes are storage in 4-byte words whatever the scale
+  // dtype (fp16 planes hold two scales a word): index them with load_scale / store_scale (layout.h),
+  // not [] unless the spec's scales are fp32. The per_tensor scale of a layer is element 0, 0 until set.
   struct Planes {
     AlignedVector<uint8_t> k_codes, v_codes;
     AlignedVector<float> k_scales, v_scales;
     AlignedVector<uint16_t> k_sink, v_sink;
     AlignedVector<uint32_t> k_outliers, v_outliers;  // empty unless int4_outlier
     AlignedVector<uint16_t> k_recent, v_recent;
+    uint8_t* k_scale_bytes() { return reinterpret_cast<uint8_t*>(k_scales.data()); }
+    uint8_t* v_scale_bytes() { return reinterpret_cast<uint8_t*>(v_scales.data()); }
   };
   // layer in [0, num_layers); empty planes when the cache holds none (host_planes false).
   const Planes& planes(int layer) const;
@@ -217,6 +221,8 @@ class PagedKvCache {
   void write_outlier_rows(int layer, int kv, int32_t page, int h, int slot0, int slot1, int filled,
                           const std::function<const float*(int)>& row);
   SeqId new_sequence_id();
+  // per_tensor: stores layer plane `kv`'s scale for this amax (policy.h, the spec's scale dtype).
+  void set_tensor_scale(Planes& pl, int kv, float amax);
   float* block_amax(int layer, int kv, int32_t page, int head);
 
   CacheConfig cfg_;

@@ -14,7 +14,8 @@ enum class ScaleGranularity : uint8_t {
   kPerBlockHead,  // one scale per (page, kv head); grows (re-quantizing the page head) on demand
 };
 
-enum class ScaleDtype : uint8_t { kFp32, kFp16 };  // fp16 scales: parsed, refused (kUnsupported)
+// Type of the stored scales: fp16 halves the scale bytes (quant/policy.h: rounded up, clamped).
+enum class ScaleDtype : uint8_t { kFp32, kFp16 };
 
 // A fixed orthogonal transform applied per head to K (before it is quantized) and to Q (so q·k is
 // unchanged up to rounding); V is stored as is. Hadamard spreads a few large K channels over all
@@ -69,7 +70,7 @@ struct QuantOptions {
 //                   fp8_fnuz (== fp8_e4m3_fnuz, AMD) | int8 | int4 | int4_outlier (int4 + outliers,
 //                   per_token_head only);  int4_kivi, fp8_e5m2 -> kUnsupported
 //   granularity:    per_tensor | per_token_head | per_block_head
-//   scale_dtype:    fp32 (float32);  fp16 -> kUnsupported
+//   scale_dtype:    fp32 (float32) | fp16 (float16)
 //   block_size:     16 | 32;   sink_tokens, recent_tokens: 0 ..= kMaxSinkTokens;   rotate: none | hadamard
 Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format = Format::kInt8);
 

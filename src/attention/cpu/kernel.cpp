@@ -213,8 +213,8 @@ void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const 
     decode_row(p_.layer.v_codes, off, &tile.v[static_cast<size_t>(u) * d]);
     if (g.has_scales()) {
       const size_t si = g.scale_index(page, head, slot);
-      tile.k_scale[u] = p_.layer.k_scales[si];
-      tile.v_scale[u] = p_.layer.v_scales[si];
+      tile.k_scale[u] = cache::load_scale(p_.layer.k_scales, si, g.scale_dtype);
+      tile.v_scale[u] = cache::load_scale(p_.layer.v_scales, si, g.scale_dtype);
     }
     if (g.outlier_capacity > 0) {
       // A sparse entry holds the value itself; the tile holds codes that the scale multiplies later.

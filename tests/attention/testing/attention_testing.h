@@ -192,9 +192,13 @@ inline Status poison_unowned(cache::PagedKvCache& c, const std::vector<cache::Se
       const size_t b0 = g.code_offset(page, h, from);
       const size_t b1 = g.code_offset(page, h, bs - 1) + g.row_code_bytes();
       for (size_t b = b0; b < b1; ++b) lv.k_codes[b] = lv.v_codes[b] = poison_code_byte(g.format, b);
+      auto poison_scale = [&](size_t i) {
+        cache::store_scale(lv.k_scales, i, nan, g.scale_dtype);
+        cache::store_scale(lv.v_scales, i, nan, g.scale_dtype);
+      };
       if (per_slot_scales)
-        for (int s = from; s < bs; ++s) lv.k_scales[g.scale_index(page, h, s)] = lv.v_scales[g.scale_index(page, h, s)] = nan;
-      if (per_page_scales && from == 0) lv.k_scales[g.scale_index(page, h, 0)] = lv.v_scales[g.scale_index(page, h, 0)] = nan;
+        for (int s = from; s < bs; ++s) poison_scale(g.scale_index(page, h, s));
+      if (per_page_scales && from == 0) poison_scale(g.scale_index(page, h, 0));
     }
   };
   auto poison_bf16 = [&](uint16_t* k, uint16_t* v, int page, int from) {

@@ -78,13 +78,14 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
   const Format f = g.format;
   const bool quantized = g.has_scales();
   uint8_t* codes = kv == 0 ? p.layer.k_codes : p.layer.v_codes;
-  float* scales = kv == 0 ? p.layer.k_scales : p.layer.v_scales;
+  void* scales = kv == 0 ? p.layer.k_scales : p.layer.v_scales;
+  const ScaleDtype sd = g.scale_dtype;
   uint16_t* sink = kv == 0 ? p.layer.k_sink : p.layer.v_sink;
   const float* in = p.in[kv];
   auto row = [&](int t, int h) { return in + (size_t(t) * heads + h) * d; };
 
   // per_tensor: the first write reaching the main pool fixes the layer scale (0 = not yet set).
-  if (quantized && g.granularity == ScaleGranularity::kPerTensor && quant::tensor_scale_unset(scales[0])) {
+  if (quantized && g.granularity == ScaleGranularity::kPerTensor && quant::tensor_scale_unset(cache::load_scale(scales, 0, sd))) {
     float amax = 0.f;
     bool any = false;
     for (int t = 0; t < p.n; ++t) {
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
       for (int h = 0; h < heads; ++h) amax = fmaxf(amax, row_amax(row(t, h), d));
     }
     __syncwarp();
-    if (any && threadIdx.x == 0) scales[0] = scale_for_amax(f, amax);
+    if (any && threadIdx.x == 0) cache::store_scale(scales, 0, scale_for_amax(f, amax, sd), sd);
     __syncwarp();
   }
 
@@ -107,13 +108,13 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
         continue;
       }
       if (!quantized || g.granularity == ScaleGranularity::kPerTensor) {
-        store_row(f, codes, g.code_offset(page, h, slot), row(t, h), d, quantized ? scales[0] : 1.f);
+        store_row(f, codes, g.code_offset(page, h, slot), row(t, h), d, quantized ? cache::load_scale(scales, 0, sd) : 1.f);
         ++t;
         continue;
       }
       if (g.granularity == ScaleGranularity::kPerTokenHead) {
-        const float scale = scale_for_amax(f, row_amax(row(t, h), d));
-        if (threadIdx.x == 0) scales[g.scale_index(page, h, slot)] = scale;
+        const float scale = scale_for_amax(f, row_amax(row(t, h), d), sd);
+        if (threadIdx.x == 0) cache::store_scale(scales, g.scale_index(page, h, slot), scale, sd);
         store_row(f, codes, g.code_offset(page, h, slot), row(t, h), d, scale);
         ++t;
         continue;
@@ -129,14 +130,14 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
       for (int r = 0; r < len; ++r) amax = fmaxf(amax, row_amax(row(t + r, h), d));
       const size_t si = g.scale_index(page, h, 0);
       float* amax_slot = p.amax[kv] + si;
-      float scale = scales[si];
+      float scale = cache::load_scale(scales, si, sd);
       if (slot == 0) {  // a fresh page head
-        scale = scale_for_amax(f, amax);
+        scale = scale_for_amax(f, amax, sd);
         __syncwarp();
-        if (threadIdx.x == 0) *amax_slot = amax, scales[si] = scale;
+        if (threadIdx.x == 0) *amax_slot = amax, cache::store_scale(scales, si, scale, sd);
       } else if (quant::block_scale_grows(amax, *amax_slot)) {
         // The page head's scale grows: re-quantize its earlier slots (dequantize with the old scale).
-        const float grown = scale_for_amax(f, amax);
+        const float grown = scale_for_amax(f, amax, sd);
         for (int r = 0; r < slot; ++r) {
           uint8_t* c = codes + g.code_offset(page, h, r);
           if (f == Format::kInt4) {  // a byte holds two codes: lane j re-encodes byte j
@@ -153,7 +154,7 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
         }
         scale = grown;
         __syncwarp();
-        if (threadIdx.x == 0) *amax_slot = amax, scales[si] = grown;
+        if (threadIdx.x == 0) *amax_slot = amax, cache::store_scale(scales, si, grown, sd);
       }
       __syncwarp();
       for (int r = 0; r < len; ++r) store_row(f, codes, g.code_offset(page, h, slot + r), row(t + r, h), d, scale);
@@ -226,8 +227,8 @@ __device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq,
   TokRef t{g.code_offset(page, kvh, slot), 1.f, 1.f, kTokCodes};
   if constexpr (F != Format::kBf16 && F != Format::kFp16) {
     const size_t si = g.scale_index(page, kvh, slot);  // per_tensor: 0
-    t.ks = p.layer.k_scales[si];
-    t.vs = p.layer.v_scales[si];
+    t.ks = cache::load_scale(p.layer.k_scales, si, g.scale_dtype);
+    t.vs = cache::load_scale(p.layer.v_scales, si, g.scale_dtype);
   }
   return t;
 }
