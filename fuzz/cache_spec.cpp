@@ -58,6 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& r : list.value()) {
       KVQ_FUZZ_CHECK(r.spec.block_size == 16 || r.spec.block_size == 32);
       KVQ_FUZZ_CHECK(r.spec.sink_tokens >= 0 && r.spec.sink_tokens <= kMaxSinkTokens);
+      KVQ_FUZZ_CHECK(r.spec.recent_tokens >= 0 && r.spec.recent_tokens <= kMaxSinkTokens);  // "recentN" entries
     }
   } else {
     KVQ_FUZZ_CHECK(!list.status().message().empty());

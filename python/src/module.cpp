@@ -96,11 +96,14 @@ std::optional<nb::object> plane(KvCache& c, int layer, int kv, Plane which) {
       return plane_view(c, p, kU8, {P, H, B, D});
     }
     case Plane::kScales: {
-      float* p = kv == 0 ? v.k_scales : v.v_scales;
+      void* p = kv == 0 ? v.k_scales : v.v_scales;
       if (p == nullptr) return std::nullopt;
-      if (g.granularity == ScaleGranularity::kPerTensor) return plane_view(c, p, kF32, {1});
-      if (g.granularity == ScaleGranularity::kPerBlockHead) return plane_view(c, p, kF32, {P, H});
-      return plane_view(c, p, kF32, {P, H, B});
+      // The Python binding builds fp32-scale caches only (CacheOptions has no scale dtype); fp16
+      // planes would show their raw bits.
+      const auto t = g.scale_dtype == ScaleDtype::kFp16 ? kU16 : kF32;
+      if (g.granularity == ScaleGranularity::kPerTensor) return plane_view(c, p, t, {1});
+      if (g.granularity == ScaleGranularity::kPerBlockHead) return plane_view(c, p, t, {P, H});
+      return plane_view(c, p, t, {P, H, B});
     }
     case Plane::kSink: {
       uint16_t* p = kv == 0 ? v.k_sink : v.v_sink;
@@ -243,7 +246,7 @@ void dequantize_pages(KvCache& c, int layer, InArray pages, bool sink, OutArray 
           if (sink) {
             quant::dequantize_row(Format::kBf16, reinterpret_cast<const uint8_t*>(sinks + e), g.head_dim, 1.f, o);
           } else {
-            const float scale = g.has_scales() ? scales[g.scale_index(ids[i], h, s)] : 1.f;
+            const float scale = g.has_scales() ? cache::load_scale(scales, g.scale_index(ids[i], h, s), g.scale_dtype) : 1.f;
             quant::dequantize_row(g.format, codes + e / D * code_bytes, g.head_dim, scale, o);
           }
         }
@@ -362,6 +365,7 @@ NB_MODULE(_kvq, m) {
         nb::dict d;
         d["code_bytes"] = r.code_bytes, d["scale_bytes"] = r.scale_bytes, d["sink_bytes"] = r.sink_bytes;
         d["pages_used"] = r.pages_used, d["sink_pages_used"] = r.sink_pages_used;
+        d["recent_bytes"] = r.recent_bytes, d["recent_pages_used"] = r.recent_pages_used;
         d["pages_free"] = c.book().pool().num_free();
         return d;
       })

@@ -13,6 +13,7 @@ CacheGeometry geometry_of(const QuantSpec& spec, int num_layers, int num_kv_head
   g.format = spec.format;
   g.granularity = spec.granularity;
   g.outlier_capacity = outlier_capacity_of(spec);
+  g.scale_dtype = spec.scale_dtype;
   return g;
 }
 
@@ -30,7 +31,7 @@ size_t bytes_per_page(const QuantSpec& spec, int num_layers, int num_kv_heads, i
   for (int l = 0; l < num_layers; ++l) {
     for (int kv = 0; kv < 2; ++kv) {
       g.format = spec.plane_format(l, kv);
-      total += g.bytes_per_page() + g.scales_per_page() * sizeof(float) + g.outlier_words_per_page() * sizeof(uint32_t);
+      total += g.bytes_per_page() + g.scales_per_page() * g.scale_bytes() + g.outlier_words_per_page() * sizeof(uint32_t);
     }
   }
   return total;

@@ -53,11 +53,15 @@ Status validate(const CacheConfig& cfg) {
   } else if (!format_traits(sp.format).cache_ready) {
     return unsupported(std::string(format_name(sp.format)) + " KV cache not implemented yet; use int8 or fp8");
   }
-  if (sp.scale_dtype != ScaleDtype::kFp32) return unsupported("fp16 scale planes are not implemented yet; use fp32");
+  if (sp.scale_dtype != ScaleDtype::kFp32 && sp.scale_dtype != ScaleDtype::kFp16) {
+    return invalid_argument("unknown scale dtype value " + std::to_string(static_cast<int>(sp.scale_dtype)));
+  }
   if (sp.outliers && sp.mixed())
     return unsupported("int4_outlier is not available in a per-layer config; use int4 there");
   if (sp.outliers && (sp.format != Format::kInt4 || sp.granularity != ScaleGranularity::kPerTokenHead))
     return unsupported("outlier side planes (int4_outlier) go with int4 per_token_head scales only");
+  if (sp.outliers && sp.scale_dtype != ScaleDtype::kFp32)
+    return unsupported("int4_outlier keeps fp32 scales; drop --kv-scale-dtype fp16 for it");
   if (sp.granularity != ScaleGranularity::kPerTensor && sp.granularity != ScaleGranularity::kPerTokenHead &&
       sp.granularity != ScaleGranularity::kPerBlockHead) {
     return invalid_argument("unknown scale granularity value " + std::to_string(static_cast<int>(sp.granularity)));
@@ -78,10 +82,30 @@ Status validate(const CacheConfig& cfg) {
                             std::to_string(cfg.num_sink_pages) +
                             "; size the sink pool for the concurrent sequences, or use --kv-sink-tokens 0");
   }
+  if (sp.recent_tokens < 0 || sp.recent_tokens > kMaxSinkTokens) {
+    return invalid_argument("recent_tokens " + std::to_string(sp.recent_tokens) + " is out of range 0.." +
+                            std::to_string(kMaxSinkTokens));
+  }
+  if (cfg.num_recent_pages < 0) {
+    return invalid_argument("num_recent_pages must be >= 0 (got " + std::to_string(cfg.num_recent_pages) + ")");
+  }
+  const int recent_per_seq = sp.quantized() ? PagedKvCache::recent_pages_per_sequence(sp.recent_tokens, 1, sp.block_size) : 0;
+  if (cfg.num_recent_pages < recent_per_seq) {
+    return invalid_argument("a bf16 recent window of " + std::to_string(sp.recent_tokens) + " tokens needs " +
+                            std::to_string(recent_per_seq) + " recent pages per sequence (block size " +
+                            std::to_string(sp.block_size) + ") but num_recent_pages is " +
+                            std::to_string(cfg.num_recent_pages) +
+                            "; size the recent pool for the concurrent sequences, or use --kv-recent-tokens 0");
+  }
   return Status::ok();
 }
 
 }  // namespace
+
+int PagedKvCache::recent_pages_per_sequence(int recent_tokens, int chunk, int block_size) {
+  if (recent_tokens <= 0 || block_size < 1) return 0;
+  return ceil_div(recent_tokens - 1 + std::max(chunk, 1), block_size) + 1;
+}
 
 Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cfg) {
   KVQ_RETURN_IF_ERROR(validate(cfg));
@@ -97,6 +121,11 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
   g.format = cfg.spec.format;
   g.granularity = cfg.spec.granularity;
   g.outlier_capacity = outlier_capacity_of(cfg.spec);
+  g.scale_dtype = cfg.spec.scale_dtype;
+  // The window is a no-op for unquantized formats: their pages are bf16/fp16 already.
+  g.recent_tokens = cfg.spec.quantized() ? cfg.spec.recent_tokens : 0;
+  g.num_recent_pages = g.recent_tokens > 0 ? cfg.num_recent_pages : 0;
+
   for (int l = 0; l < g.num_layers; ++l) {
     CacheGeometry lg = g;
     lg.format = cfg.spec.plane_format(l, 0);
@@ -111,8 +140,8 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
     for (int kv = 0; kv < 2; ++kv) {
       const CacheGeometry pg = lg.plane(kv);
       total += static_cast<double>(pg.elems_per_page()) * format_bits(pg.format) / 8 * pg.num_pages +
-               static_cast<double>(pg.elems_per_page()) * 2 * pg.num_sink_pages +
-               static_cast<double>(pg.scales_per_page()) * 4 * pg.num_pages + static_cast<double>(pg.outlier_plane_bytes());
+               static_cast<double>(pg.elems_per_page()) * 2 * (pg.num_sink_pages + pg.num_recent_pages) +
+               static_cast<double>(pg.scales_per_page()) * pg.scale_bytes() * pg.num_pages + static_cast<double>(pg.outlier_plane_bytes());
     }
   }
   constexpr double kLimit = 1ull << 46;  // 64 TiB: beyond any host this runs on
@@ -125,6 +154,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
     if (!cfg.host_planes) {
       c->pool_ = BlockPool(cfg.num_pages);
       c->sink_pool_ = BlockPool(cfg.num_sink_pages);
+      c->recent_pool_ = BlockPool(g.num_recent_pages);
       return c;
     }
     c->layers_.resize(static_cast<size_t>(g.num_layers));
@@ -139,6 +169,8 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
       p.v_sink.resize(g.sink_plane_bytes() / sizeof(uint16_t));
       p.k_outliers.resize(g.outlier_plane_bytes() / sizeof(uint32_t));
       p.v_outliers.resize(g.outlier_plane_bytes() / sizeof(uint32_t));
+      p.k_recent.resize(g.recent_plane_bytes() / sizeof(uint16_t));
+      p.v_recent.resize(g.recent_plane_bytes() / sizeof(uint16_t));
     }
     if (g.outlier_capacity > 0)
       c->channel_stats_.assign(static_cast<size_t>(g.num_layers) * 2, quant::ChannelStats(g.num_kv_heads * g.head_dim));
@@ -152,6 +184,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
   }
   c->pool_ = BlockPool(cfg.num_pages);
   c->sink_pool_ = BlockPool(cfg.num_sink_pages);
+  c->recent_pool_ = BlockPool(g.num_recent_pages);
   return c;
 }
 
@@ -204,6 +237,8 @@ Status PagedKvCache::free_sequence(SeqId seq) {
   Sequence& s = seqs_[static_cast<size_t>(seq)];
   for (int32_t p : s.blocks) KVQ_RETURN_IF_ERROR(pool_.release(p));
   for (int32_t p : s.sink_blocks) KVQ_RETURN_IF_ERROR(sink_pool_.release(p));
+  for (int32_t p : s.recent_blocks)
+    if (p >= 0) KVQ_RETURN_IF_ERROR(recent_pool_.release(p));
   s = Sequence{};
   return Status::ok();
 }
@@ -219,6 +254,15 @@ Result<SeqId> PagedKvCache::fork(SeqId parent) {
   // of a full sink is never written again and is shared like a full one.
   const bool copy_main = main_len % bs != 0;
   const bool copy_sink = sink_len % bs != 0 && sink_len < src.sink_capacity;
+  const int copy_recent =
+      static_cast<int>(std::count_if(src.recent_blocks.begin(), src.recent_blocks.end(), [](int32_t p) { return p >= 0; }));
+  // Refused before anything changes: a bookkeeping-only cache cannot copy the twins' bf16 data.
+  if (copy_recent > 0 && !cfg_.host_planes) return no_planes("forking a sequence with bf16 recent-window pages");
+  if (copy_recent > recent_pool_.num_free()) {
+    return out_of_memory("forking " + seq_name(parent) + " needs " + std::to_string(copy_recent) +
+                         " free recent-window pages for private bf16 copies (" + std::to_string(recent_pool_.num_free()) +
+                         " free); free or preempt a sequence, or give the cache more recent pages");
+  }
   if ((copy_main && pool_.num_free() < 1) || (copy_sink && sink_pool_.num_free() < 1)) {
     return out_of_memory("forking " + seq_name(parent) + " needs " + std::to_string(copy_main ? 1 : 0) +
                          " free page (" + std::to_string(pool_.num_free()) + " free) and " +
@@ -247,6 +291,12 @@ Result<SeqId> PagedKvCache::fork(SeqId parent) {
       KVQ_RETURN_IF_ERROR(sink_pool_.retain(child.sink_blocks[i]));
     }
   }
+  for (int32_t& p : child.recent_blocks) {
+    if (p < 0) continue;
+    const int32_t page = recent_pool_.allocate().value();  // availability checked above
+    KVQ_RETURN_IF_ERROR(copy_recent_page(p, page));
+    p = page;
+  }
   return id;
 }
 
@@ -263,6 +313,11 @@ Result<SeqId> PagedKvCache::share_prefix(SeqId parent, int n_tokens) {
   if (n_tokens < 1 || n_tokens > src.len)
     return invalid_argument("sharing " + std::to_string(n_tokens) + " tokens of " + seq_name(parent) + ", which holds " +
                             std::to_string(src.len) + "; share between 1 and its length");
+ if (recent_tokens() > 0)
+    return unsupported("sharing a prefix of " + seq_name(parent) +
+                       " with a bf16 recent window: the child would need bf16 copies of the prefix's last " +
+                       std::to_string(recent_tokens()) + " tokens, which its donor may have released; "
+                       "prefix sharing is off with --kv-recent-tokens");
   if (!prefix_pages_closed(n_tokens, src.sink_capacity, bs))
     return invalid_argument("sharing " + std::to_string(n_tokens) + " tokens of " + seq_name(parent) +
                             " would split a page (block " + std::to_string(bs) + ", sink " +
@@ -296,6 +351,18 @@ Status PagedKvCache::truncate(SeqId seq, int n_tokens) {
                             " tokens would split a page; keep whole pages only");
   const size_t main_pages = static_cast<size_t>(ceil_div(main_len_of(n_tokens, s.sink_capacity), bs));
   const size_t sink_pages = static_cast<size_t>(ceil_div(sink_len_of(n_tokens, s.sink_capacity), bs));
+  if (recent_tokens() > 0) {
+    // The next query (position n_tokens) reads main pages from recent_first_main on in bf16.
+    const int first = recent_first_main(n_tokens, sink_len_of(n_tokens, s.sink_capacity),
+                                        main_len_of(n_tokens, s.sink_capacity), recent_tokens());
+    for (size_t b = static_cast<size_t>(first / bs); b < main_pages; ++b)
+      if (s.recent_blocks[b] < 0)
+        return invalid_argument("truncating " + seq_name(seq) + " to " + std::to_string(n_tokens) +
+                                " tokens: the bf16 recent window of that length was already released");
+    for (size_t i = main_pages; i < s.recent_blocks.size(); ++i)
+      if (s.recent_blocks[i] >= 0) KVQ_RETURN_IF_ERROR(recent_pool_.release(s.recent_blocks[i]));
+    s.recent_blocks.resize(std::min(s.recent_blocks.size(), main_pages));
+  }
   for (size_t i = main_pages; i < s.blocks.size(); ++i) KVQ_RETURN_IF_ERROR(pool_.release(s.blocks[i]));
   for (size_t i = sink_pages; i < s.sink_blocks.size(); ++i) KVQ_RETURN_IF_ERROR(sink_pool_.release(s.sink_blocks[i]));
   s.blocks.resize(std::min(s.blocks.size(), main_pages));
@@ -321,9 +388,9 @@ Status PagedKvCache::copy_page(bool sink, int32_t from, int32_t to) {
       uint8_t* codes = kv == 0 ? p.k_codes.data() : p.v_codes.data();
       const size_t nb = pg.bytes_per_page();
       std::memcpy(codes + nb * to, codes + nb * from, nb);
-      const size_t ns = pg.scales_per_page();
-      float* scales = kv == 0 ? p.k_scales.data() : p.v_scales.data();
-      if (ns > 0) std::memcpy(scales + ns * to, scales + ns * from, ns * sizeof(float));
+      const size_t nsb = pg.scales_per_page() * pg.scale_bytes();
+      uint8_t* scales = kv == 0 ? p.k_scale_bytes() : p.v_scale_bytes();
+      if (nsb > 0) std::memcpy(scales + nsb * to, scales + nsb * from, nsb);
     }
     const size_t nw = geom_.outlier_words_per_page();
     if (nw > 0) {
@@ -335,6 +402,35 @@ Status PagedKvCache::copy_page(bool sink, int32_t from, int32_t to) {
         std::memcpy(block_amax(l, kv, to, 0), block_amax(l, kv, from, 0), geom_.num_kv_heads * sizeof(float));
       }
     }
+  }
+  return Status::ok();
+}
+
+Status PagedKvCache::copy_recent_page(int32_t from, int32_t to) {
+  if (!cfg_.host_planes) return no_planes("copying a recent-window page");
+  const size_t n = geom_.elems_per_page();
+  for (Planes& p : layers_) {
+    std::memcpy(p.k_recent.data() + n * to, p.k_recent.data() + n * from, n * sizeof(uint16_t));
+    std::memcpy(p.v_recent.data() + n * to, p.v_recent.data() + n * from, n * sizeof(uint16_t));
+  }
+  return Status::ok();
+}
+
+int PagedKvCache::recent_releasable(const Sequence& s, int first_needed) const {
+  const int bs = geom_.block_size;
+  int n = 0;
+  for (size_t b = 0; b < s.recent_blocks.size(); ++b)
+    if (s.recent_blocks[b] >= 0 && s.sink_capacity + static_cast<int>(b + 1) * bs <= first_needed) ++n;
+  return n;
+}
+
+Status PagedKvCache::release_recent_before(Sequence& s, int first_needed) {
+  const int bs = geom_.block_size;
+  for (size_t b = 0; b < s.recent_blocks.size(); ++b) {
+    int32_t& p = s.recent_blocks[b];
+    if (p < 0 || s.sink_capacity + static_cast<int>(b + 1) * bs > first_needed) continue;
+    KVQ_RETURN_IF_ERROR(recent_pool_.release(p));
+    p = -1;
   }
   return Status::ok();
 }
@@ -391,6 +487,17 @@ Status PagedKvCache::extend(SeqId seq, int n_tokens) {
   const int last_sink = old_sink % bs != 0 && new_sink > old_sink ? static_cast<int>(s.sink_blocks.size()) - 1 : -1;
   const int need_main = new_main_pages + (last_main >= 0 ? shared_pages(s, false, last_main, last_main) : 0);
   const int need_sink = new_sink_pages + (last_sink >= 0 ? shared_pages(s, true, last_sink, last_sink) : 0);
+  // The chunk's queries (positions >= len) read bf16 from position len + 1 - R on.
+  const int first_needed = s.len + 1 - recent_tokens();
+  const int need_recent = recent_tokens() > 0 ? new_main_pages : 0;
+  const int recent_free = recent_pool_.num_free() + (recent_tokens() > 0 ? recent_releasable(s, first_needed) : 0);
+  if (need_recent > recent_free) {
+    return out_of_memory("bf16 recent-window pages exhausted: extending " + seq_name(seq) + " (" +
+                         std::to_string(s.len) + " tokens) by " + std::to_string(n_tokens) + " needs " +
+                         std::to_string(need_recent) + " recent pages (" + std::to_string(recent_free) + " of " +
+                         std::to_string(recent_pool_.num_pages()) +
+                         " free); give the cache more recent pages or process fewer tokens at once");
+  }
   if (need_main > pool_.num_free() || need_sink > sink_pool_.num_free()) {
     return out_of_memory("KV cache pages exhausted: extending " + seq_name(seq) + " (" + std::to_string(s.len) +
                          " tokens) by " + std::to_string(n_tokens) + " needs " + std::to_string(need_main) +
@@ -402,7 +509,9 @@ Status PagedKvCache::extend(SeqId seq, int n_tokens) {
   }
   if (last_main >= 0) KVQ_RETURN_IF_ERROR(unshare(s, false, last_main, last_main));
   if (last_sink >= 0) KVQ_RETURN_IF_ERROR(unshare(s, true, last_sink, last_sink));
+  if (recent_tokens() > 0) KVQ_RETURN_IF_ERROR(release_recent_before(s, first_needed));
   for (int i = 0; i < new_main_pages; ++i) s.blocks.push_back(pool_.allocate().value());
+  for (int i = 0; i < need_recent; ++i) s.recent_blocks.push_back(recent_pool_.allocate().value());
   for (int i = 0; i < new_sink_pages; ++i) s.sink_blocks.push_back(sink_pool_.allocate().value());
   s.len = new_len;
   return Status::ok();
@@ -419,38 +528,46 @@ void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0,
   const int page_first_token = s.sink_capacity + block * bs;
   const int filled = std::clamp(s.written[static_cast<size_t>(layer)] - page_first_token, 0, bs);
   Planes& pl = layers_[static_cast<size_t>(layer)];
+  const ScaleDtype sd = geom_.scale_dtype;
 
   for (int kv = 0; kv < 2; ++kv) {
     const CacheGeometry g = plane_geom(layer, kv);
     const Format f = g.format;
+    // The stored scale of a row or run with this amax, its fp16 clamping counted.
+    auto scale_of = [&](float amax) {
+      stats_.scale_clamped += quant::scale_clamped(f, amax, sd);
+      return quant::scale_for_amax(f, amax, sd);
+    };
     const float* src = kv == 0 ? k : v;
     uint8_t* codes = kv == 0 ? pl.k_codes.data() : pl.v_codes.data();
-    float* scales = kv == 0 ? pl.k_scales.data() : pl.v_scales.data();
+    void* scales = kv == 0 ? pl.k_scales.data() : pl.v_scales.data();
     for (int h = 0; h < heads; ++h) {
       auto row = [&](int slot) { return src + static_cast<size_t>(slot - slot0) * row_stride + static_cast<size_t>(h) * d; };
       auto dst = [&](int slot) { return codes + g.code_offset(page, h, slot); };
       if (!g.has_scales() || g.granularity == ScaleGranularity::kPerTensor) {
-        const float scale = g.has_scales() ? scales[0] : 1.0f;
+        const float scale = g.has_scales() ? load_scale(scales, 0, sd) : 1.0f;
         for (int t = slot0; t < slot1; ++t) quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
       } else if (g.outlier_capacity > 0) {
         write_outlier_rows(layer, kv, page, h, slot0, slot1, filled, row);
       } else if (g.granularity == ScaleGranularity::kPerTokenHead) {
         for (int t = slot0; t < slot1; ++t) {
-          const float scale = quant::scale_for_amax(f, quant::finite_amax(row(t), d));
-          scales[g.scale_index(page, h, t)] = scale;
+          const float scale = scale_of(quant::finite_amax(row(t), d));
+          store_scale(scales, g.scale_index(page, h, t), scale, sd);
           quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
         }
       } else {  // per_block_head
         float amax = 0.f;
         for (int t = slot0; t < slot1; ++t) amax = std::max(amax, quant::finite_amax(row(t), d));
         float& page_amax = *block_amax(layer, kv, page, h);
-        float& scale = scales[g.scale_index(page, h, 0)];
+        const size_t si = g.scale_index(page, h, 0);
+        float scale = load_scale(scales, si, sd);
         const bool keeps_old = slot0 > 0 || slot1 < filled;
         if (!keeps_old) {
           page_amax = amax;
-          scale = quant::scale_for_amax(f, amax);
+          scale = scale_of(amax);
+          store_scale(scales, si, scale, sd);
         } else if (quant::block_scale_grows(amax, page_amax)) {
-          const float grown = quant::scale_for_amax(f, amax);
+          const float grown = scale_of(amax);
           float tmp[kMaxHeadDim];
           quant::QuantStats ignored;  // re-encoding is not new input: only the event is counted
           for (int t = 0; t < filled; ++t) {
@@ -461,6 +578,7 @@ void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0,
           ++stats_.requantized_page_heads;
           page_amax = amax;
           scale = grown;
+          store_scale(scales, si, scale, sd);
         }
         for (int t = slot0; t < slot1; ++t) quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
       }
@@ -560,6 +678,7 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
       channel_stats_[static_cast<size_t>(layer) * 2].update(k0, end - t0);
       channel_stats_[static_cast<size_t>(layer) * 2 + 1].update(v0, end - t0);
     }
+    quant::QuantStats ignored;  // the codes' write counts these tokens' non-finite inputs already
     if (geom_.granularity == ScaleGranularity::kPerTensor) {
       // The layer's scale is fixed by the first write reaching the quantized pages.
       const size_t n = static_cast<size_t>(end - t0) * row_stride;
@@ -568,7 +687,7 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
         const CacheGeometry g = plane_geom(layer, kv);
         if (set || !g.has_scales()) continue;
         const float amax = quant::finite_amax(kv == 0 ? k0 : v0, static_cast<int>(n));
-        (kv == 0 ? pl.k_scales : pl.v_scales)[0] = quant::scale_for_amax(g.format, amax);
+        set_tensor_scale(pl, kv, g.format, amax);
         set = 1;
       }
     }
@@ -577,11 +696,28 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
       const int slot1 = std::min(bs, slot0 + (end - t));
       const size_t in = static_cast<size_t>(t - pos0) * row_stride;
       write_main_page(s, layer, block, slot0, slot1, k + in, v + in);
+      const int32_t twin = block < static_cast<int>(s.recent_blocks.size()) ? s.recent_blocks[static_cast<size_t>(block)] : -1;
+      if (twin >= 0) {
+        // The bf16 copy read by the queries whose window holds these tokens; codes are written too.
+        for (int slot = slot0; slot < slot1; ++slot)
+          for (int h = 0; h < heads; ++h) {
+            const size_t off = geom_.elem_index(twin, h, slot);
+            const size_t src = in + static_cast<size_t>(slot - slot0) * row_stride + static_cast<size_t>(h) * d;
+            quant::quantize_row(Format::kBf16, k + src, d, 1.f, reinterpret_cast<uint8_t*>(pl.k_recent.data() + off), &ignored);
+            quant::quantize_row(Format::kBf16, v + src, d, 1.f, reinterpret_cast<uint8_t*>(pl.v_recent.data() + off), &ignored);
+          }
+      }
       t += slot1 - slot0;
     }
   }
   s.written[static_cast<size_t>(layer)] = std::max(written, end);
   return Status::ok();
+}
+
+void PagedKvCache::set_tensor_scale(Planes& pl, int kv, Format f, float amax) {
+  stats_.scale_clamped += quant::scale_clamped(f, amax, geom_.scale_dtype);
+  store_scale(kv == 0 ? pl.k_scales.data() : pl.v_scales.data(), 0, quant::scale_for_amax(f, amax, geom_.scale_dtype),
+              geom_.scale_dtype);
 }
 
 Status PagedKvCache::fix_tensor_scale(int layer, float k_amax, float v_amax) {
@@ -593,7 +729,7 @@ Status PagedKvCache::fix_tensor_scale(int layer, float k_amax, float v_amax) {
     uint8_t& set = tensor_scale_set_[static_cast<size_t>(layer) * 2 + kv];
     const CacheGeometry g = plane_geom(layer, kv);
     if (set || !g.has_scales()) continue;
-    (kv == 0 ? pl.k_scales : pl.v_scales)[0] = quant::scale_for_amax(g.format, kv == 0 ? k_amax : v_amax);
+    set_tensor_scale(pl, kv, g.format, kv == 0 ? k_amax : v_amax);
     set = 1;
   }
   return Status::ok();
@@ -633,7 +769,7 @@ Status PagedKvCache::read_token(SeqId seq, int layer, int pos, float* k, float* 
     float* out = kv == 0 ? k : v;
     for (int h = 0; h < heads; ++h) {
       const size_t off = g.code_offset(page, h, slot);
-      const float sc = g.has_scales() ? scales[g.scale_index(page, h, slot)] : 1.f;
+      const float sc = g.has_scales() ? load_scale(scales, g.scale_index(page, h, slot), g.scale_dtype) : 1.f;
       quant::dequantize_row(g.format, codes + off, d, sc, out + static_cast<size_t>(h) * d);
       if (g.outlier_capacity == 0) continue;
       const uint32_t* plane = (kv == 0 ? pl.k_outliers : pl.v_outliers).data() + g.outlier_index(page, h);
@@ -684,6 +820,19 @@ const std::vector<int32_t>& PagedKvCache::sink_table(SeqId seq) const {
   return has_sequence(seq) ? seqs_[static_cast<size_t>(seq)].sink_blocks : empty_table();
 }
 
+int32_t PagedKvCache::recent_slot_of(SeqId seq, int pos) const {
+  if (!has_sequence(seq)) return -1;
+  const Sequence& s = seqs_[static_cast<size_t>(seq)];
+  const int u = pos - s.sink_capacity, bs = geom_.block_size;
+  if (u < 0 || pos >= s.len || static_cast<size_t>(u / bs) >= s.recent_blocks.size()) return -1;
+  const int32_t twin = s.recent_blocks[static_cast<size_t>(u / bs)];
+  return twin < 0 ? -1 : encode_main_slot(twin, u % bs, bs);
+}
+
+const std::vector<int32_t>& PagedKvCache::recent_table(SeqId seq) const {
+  return has_sequence(seq) ? seqs_[static_cast<size_t>(seq)].recent_blocks : empty_table();
+}
+
 const PagedKvCache::Planes& PagedKvCache::planes(int layer) const {
   static const Planes kNone;
   if (!cfg_.host_planes || layer < 0 || layer >= geom_.num_layers) return kNone;
@@ -706,6 +855,10 @@ LayerView PagedKvCache::layer_view(int layer) {
     view.k_outliers = p.k_outliers.data();
     view.v_outliers = p.v_outliers.data();
   }
+  if (geom_.num_recent_pages > 0) {
+    view.k_recent = p.k_recent.data();
+    view.v_recent = p.v_recent.data();
+  }
   return view;
 }
 
@@ -718,6 +871,7 @@ BatchTablesView PagedKvCache::BatchTables::view() const {
   v.max_blocks = max_blocks;
   v.sink_tables = sink_tables.data();
   v.max_sink_blocks = max_sink_blocks;
+  v.recent_tables = recent_tables.empty() ? nullptr : recent_tables.data();
   return v;
 }
 
@@ -732,6 +886,7 @@ PagedKvCache::BatchTables PagedKvCache::batch_tables(const std::vector<SeqId>& s
   bt.sink_lens.assign(n, 0);
   bt.block_tables.assign(n * bt.max_blocks, -1);
   bt.sink_tables.assign(n * bt.max_sink_blocks, -1);
+  if (recent_tokens() > 0) bt.recent_tables.assign(n * bt.max_blocks, -1);
   for (size_t i = 0; i < n; ++i) {
     if (!has_sequence(seqs[i])) continue;
     bt.seq_lens[i] = seq_len(seqs[i]);
@@ -740,6 +895,9 @@ PagedKvCache::BatchTables PagedKvCache::batch_tables(const std::vector<SeqId>& s
     std::copy(b.begin(), b.end(), bt.block_tables.begin() + static_cast<ptrdiff_t>(i * bt.max_blocks));
     const auto& sb = sink_table(seqs[i]);
     std::copy(sb.begin(), sb.end(), bt.sink_tables.begin() + static_cast<ptrdiff_t>(i * bt.max_sink_blocks));
+    const auto& rb = recent_table(seqs[i]);
+    if (!bt.recent_tables.empty())
+      std::copy(rb.begin(), rb.end(), bt.recent_tables.begin() + static_cast<ptrdiff_t>(i * bt.max_blocks));
   }
   return bt;
 }
@@ -751,9 +909,11 @@ MemoryReport PagedKvCache::memory_report() const {
     r.scale_bytes += (p.k_scales.size() + p.v_scales.size()) * sizeof(float);
     r.sink_bytes += (p.k_sink.size() + p.v_sink.size()) * sizeof(uint16_t);
     r.outlier_bytes += (p.k_outliers.size() + p.v_outliers.size()) * sizeof(uint32_t);
+    r.recent_bytes += (p.k_recent.size() + p.v_recent.size()) * sizeof(uint16_t);
   }
   r.pages_used = pool_.num_pages() - pool_.num_free();
   r.sink_pages_used = sink_pool_.num_pages() - sink_pool_.num_free();
+  r.recent_pages_used = recent_pool_.num_pages() - recent_pool_.num_free();
   return r;
 }
 

@@ -258,7 +258,9 @@ Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& s
     r.bytes_per_token = cache::bytes_per_token(l.spec, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim);
     const double len = static_cast<double>(max_len);
     const double sink = l.spec.quantized() ? std::min<double>(std::max(0, l.spec.sink_tokens), len) : 0.0;
-    r.bytes_per_token_at_ctx = (sink * bf16_bpt + (len - sink) * r.bytes_per_token) / len;
+    // A recent window keeps bf16 copies of its last R tokens beside their codes.
+    const double window = l.spec.quantized() ? std::min<double>(std::max(0, l.spec.recent_tokens), len - sink) : 0.0;
+    r.bytes_per_token_at_ctx = (sink * bf16_bpt + (len - sink) * r.bytes_per_token + window * bf16_bpt) / len;
     r.saving_pct = 100.0 * (1.0 - static_cast<double>(r.bytes_per_token) / static_cast<double>(bf16_bpt));
     if (!r.evaluated) return r;
     r.predictions = l.total.count;

@@ -55,7 +55,7 @@ bool same_cache(const QuantSpec& a, const QuantSpec& b) {
   if (!a.mixed() && a.format != b.format) return false;
   if (!a.quantized()) return true;
   return a.granularity == b.granularity && a.scale_dtype == b.scale_dtype && a.block_size == b.block_size &&
-         a.sink_tokens == b.sink_tokens;
+         a.sink_tokens == b.sink_tokens && a.recent_tokens == b.recent_tokens;
 }
 
 std::vector<QuantSpec> auto_fallback_chain(const QuantSpec& settings, Format first) {

@@ -67,6 +67,7 @@ Result<std::vector<SpecRequest>> parse_spec_list(const SpecListOptions& o) {
     base.block_size = o.block_size;
     base.sink_tokens = o.sink_tokens;
     base.rotate = o.rotate;
+    base.recent_tokens = o.recent_tokens;
     auto checked = parse_quant_spec(base);
     if (!checked.is_ok()) return checked.status();
   }
@@ -90,17 +91,20 @@ Result<std::vector<SpecRequest>> parse_spec_list(const SpecListOptions& o) {
     qo.block_size = o.block_size;
     qo.sink_tokens = o.sink_tokens;
     qo.rotate = o.rotate;
+    qo.recent_tokens = o.recent_tokens;
     std::string inline_gran;
     for (size_t i = 1; i < parts.size(); ++i) {
       const std::string& p = parts[i];
       int v = 0;
       if (parse_prefixed_int(p, "sink", &v)) qo.sink_tokens = v;
+      else if (parse_prefixed_int(p, "recent", &v)) qo.recent_tokens = v;
       else if (parse_prefixed_int(p, "b", &v)) qo.block_size = v;
       else if (parse_granularity(p).is_ok()) inline_gran = p;
       else if (parse_rotation(p).is_ok()) qo.rotate = p;
+      else if (p == "fp16_scales" || p == "fp32_scales") qo.scale_dtype = p.substr(0, 4);
       else
         return invalid_argument("--kv-cache-dtype entry '" + entry + "': unknown option '" + p +
-                                "' (expected a granularity such as per_tensor, sinkN, bN or hadamard)");
+                                "' (expected a granularity such as per_tensor, sinkN, recentN, bN, hadamard or fp16_scales)");
     }
     const std::vector<std::string> use = inline_gran.empty() ? grans : std::vector<std::string>{inline_gran};
     for (const auto& g : use) {

@@ -52,12 +52,12 @@ struct Engine::Impl {
   // Activations, [max_step_tokens] rows each.
   Buffer x, xb, q, k, v, att, h1, h3, xl, logits;
   // Staging of one step (backend memory) and its host twins.
-  Buffer d_tokens, d_positions, d_slots;
-  Buffer dec_lens, dec_sink_lens, dec_blocks, dec_sink_blocks;
-  Buffer pf_lens, pf_sink_lens, pf_blocks, pf_sink_blocks;
-  std::vector<int32_t> h_tokens, h_positions, h_slots;
-  std::vector<int32_t> h_dec_lens, h_dec_sink_lens, h_dec_blocks, h_dec_sink_blocks;
-  std::vector<int32_t> h_pf_lens, h_pf_sink_lens, h_pf_blocks, h_pf_sink_blocks;
+  Buffer d_tokens, d_positions, d_slots, d_recent_slots;
+  Buffer dec_lens, dec_sink_lens, dec_blocks, dec_sink_blocks, dec_recent_blocks;
+  Buffer pf_lens, pf_sink_lens, pf_blocks, pf_sink_blocks, pf_recent_blocks;
+  std::vector<int32_t> h_tokens, h_positions, h_slots, h_recent_slots;
+  std::vector<int32_t> h_dec_lens, h_dec_sink_lens, h_dec_blocks, h_dec_sink_blocks, h_dec_recent_blocks;
+  std::vector<int32_t> h_pf_lens, h_pf_sink_lens, h_pf_blocks, h_pf_sink_blocks, h_pf_recent_blocks;
   std::vector<backend::WriteSpan> spans;
   std::map<int, int> graphs;     // decode batch size -> captured graph
   std::map<int, bool> warmed;    // decode batch size -> ran eagerly once
@@ -67,6 +67,8 @@ struct Engine::Impl {
 
   Status init(const Model& m, const QuantSpec& s, backend::Backend& backend, const EngineOptions& o);
   Status check_memory(const QuantSpec& s, int64_t pages, int64_t sink_pages, backend::BackendKind kind) const;
+  int64_t recent_pages = 0;  // bf16 recent-window pool (counted by check_memory with the sink's)
+  bool has_recent() const { return book->geometry().recent_tokens > 0; }
   Status plan_pieces(const std::vector<SeqStep>& steps, std::vector<int>& done, std::vector<Piece>& out) const;
   Status stage(const std::vector<Piece>& pieces, int num_decode);
   Result<cache::SeqId> admit(cache::SeqId donor, int n_tokens);  // add_sequence / add_sequence_sharing
@@ -101,7 +103,7 @@ Status Engine::Impl::check_memory(const QuantSpec& s, int64_t pages, int64_t sin
   if (kind != backend::BackendKind::kCpu || mem == 0) return Status::ok();
   const double kv_heads_dims = double(cfg.n_layers) * cfg.n_kv_heads * cfg.head_dim;
   const double kv = double(pages) * double(cache::bytes_per_page(s, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim)) +
-                    double(sink_pages) * 2.0 * 2.0 * kv_heads_dims * s.block_size;  // K and V, bf16
+                    double(sink_pages + recent_pages) * 2.0 * 2.0 * kv_heads_dims * s.block_size;  // K and V, bf16
   const double qd = double(cfg.n_heads) * cfg.head_dim, kvd = double(cfg.n_kv_heads) * cfg.head_dim;
   const double per_row = 4.0 * (3.0 * cfg.dim + 2 * qd + 2 * kvd + 2.0 * cfg.hidden_dim + cfg.vocab_size);
   const double scratch = per_row * opts.max_step_tokens;
@@ -159,7 +161,15 @@ Status Engine::Impl::init(const Model& m, const QuantSpec& s, backend::Backend& 
   const int64_t sink_pool = opts.num_sink_pages > 0 && sink_pages_per_seq > 0
                                 ? std::max<int64_t>(opts.num_sink_pages, sink_pages_per_seq)
                                 : int64_t{sink_pages_per_seq} * opts.max_seqs;
-  if (want_pages > (1 << 30) || sink_pool > (1 << 30)) return invalid_argument("engine: too many pages requested");
+  // The recent window's bf16 twins: one window plus one chunk per sequence (PagedKvCache's rule).
+  const int recent = s.quantized() ? s.recent_tokens : 0;
+  const int recent_per_seq =
+      cache::PagedKvCache::recent_pages_per_sequence(recent, std::min(opts.chunk_tokens, opts.max_tokens), bs);
+  recent_pages = opts.num_recent_pages > 0 && recent_per_seq > 0
+                     ? std::max<int64_t>(opts.num_recent_pages, recent_per_seq)
+                     : int64_t{recent_per_seq} * opts.max_seqs;
+  if (want_pages > (1 << 30) || sink_pool > (1 << 30) || recent_pages > (1 << 30))
+    return invalid_argument("engine: too many pages requested");
   KVQ_RETURN_IF_ERROR(check_memory(s, want_pages, sink_pool, backend.kind()));
   cache::CacheConfig cc;
   cc.num_layers = cfg.n_layers;
@@ -169,6 +179,7 @@ Status Engine::Impl::init(const Model& m, const QuantSpec& s, backend::Backend& 
   cc.spec.sink_tokens = sink;
   cc.num_pages = static_cast<int>(want_pages);
   cc.num_sink_pages = static_cast<int>(sink_pool);
+  cc.num_recent_pages = static_cast<int>(recent_pages);
   cc.host_planes = backend.kind() == backend::BackendKind::kCpu;
   KVQ_ASSIGN(book, cache::PagedKvCache::create(cc));
   KVQ_ASSIGN(storage, backend.create_cache_storage(*book));
@@ -228,18 +239,23 @@ Status Engine::Impl::init(const Model& m, const QuantSpec& s, backend::Backend& 
   KVQ_ASSIGN(d_tokens, alloc_i32(backend, T));
   KVQ_ASSIGN(d_positions, alloc_i32(backend, T));
   KVQ_ASSIGN(d_slots, alloc_i32(backend, T));
+  KVQ_ASSIGN(d_recent_slots, alloc_i32(backend, T));
   const size_t S = static_cast<size_t>(opts.max_seqs);
   KVQ_ASSIGN(dec_lens, alloc_i32(backend, S));
   KVQ_ASSIGN(dec_sink_lens, alloc_i32(backend, S));
   KVQ_ASSIGN(dec_blocks, alloc_i32(backend, S * max_blocks));
   KVQ_ASSIGN(dec_sink_blocks, alloc_i32(backend, S * max_sink_blocks));
+  KVQ_ASSIGN(dec_recent_blocks, alloc_i32(backend, S * max_blocks));
   KVQ_ASSIGN(pf_lens, alloc_i32(backend, S));
   KVQ_ASSIGN(pf_sink_lens, alloc_i32(backend, S));
   KVQ_ASSIGN(pf_blocks, alloc_i32(backend, S * max_blocks));
   KVQ_ASSIGN(pf_sink_blocks, alloc_i32(backend, S * max_sink_blocks));
-  h_tokens.resize(T), h_positions.resize(T), h_slots.resize(T);
+  KVQ_ASSIGN(pf_recent_blocks, alloc_i32(backend, S * max_blocks));
+  h_tokens.resize(T), h_positions.resize(T), h_slots.resize(T), h_recent_slots.resize(T);
   h_dec_lens.resize(S), h_dec_sink_lens.resize(S), h_dec_blocks.resize(S * max_blocks);
   h_dec_sink_blocks.resize(S * max_sink_blocks);
+  h_dec_recent_blocks.resize(S * max_blocks);
+  h_pf_recent_blocks.resize(S * max_blocks);
   h_pf_lens.resize(S), h_pf_sink_lens.resize(S), h_pf_blocks.resize(S * max_blocks);
   h_pf_sink_blocks.resize(S * max_sink_blocks);
   return Status::ok();
@@ -290,6 +306,7 @@ Status Engine::Impl::stage(const std::vector<Piece>& pieces, int num_decode) {
       h_tokens[r] = p.tokens[t];
       h_positions[r] = pos;
       if (!book->token_slot(p.seq, pos, &h_slots[r])) return internal_error("engine: token without a slot after extend()");
+      h_recent_slots[r] = book->recent_slot_of(p.seq, pos);
     }
     rows += p.n;
     spans.push_back({p.seq, p.pos, p.n, p.row0});
@@ -300,6 +317,7 @@ Status Engine::Impl::stage(const std::vector<Piece>& pieces, int num_decode) {
     auto& slens = dec ? h_dec_sink_lens : h_pf_sink_lens;
     auto& bt = dec ? h_dec_blocks : h_pf_blocks;
     auto& st = dec ? h_dec_sink_blocks : h_pf_sink_blocks;
+    auto& rt = dec ? h_dec_recent_blocks : h_pf_recent_blocks;
     lens[i] = book->seq_len(p.seq);
     slens[i] = book->sink_len(p.seq);
     std::fill_n(bt.begin() + size_t(i) * max_blocks, max_blocks, -1);
@@ -308,11 +326,17 @@ Status Engine::Impl::stage(const std::vector<Piece>& pieces, int num_decode) {
     const auto& sinks = book->sink_table(p.seq);
     std::copy(blocks.begin(), blocks.end(), bt.begin() + size_t(i) * max_blocks);
     std::copy(sinks.begin(), sinks.end(), st.begin() + size_t(i) * max_sink_blocks);
+    if (has_recent()) {
+      const auto& twins = book->recent_table(p.seq);
+      std::fill_n(rt.begin() + size_t(i) * max_blocks, max_blocks, -1);
+      std::copy(twins.begin(), twins.end(), rt.begin() + size_t(i) * max_blocks);
+    }
   }
   const size_t R = static_cast<size_t>(rows) * sizeof(int32_t);
   KVQ_RETURN_IF_ERROR(be->upload(d_tokens.get(), h_tokens.data(), R));
   KVQ_RETURN_IF_ERROR(be->upload(d_positions.get(), h_positions.data(), R));
   KVQ_RETURN_IF_ERROR(be->upload(d_slots.get(), h_slots.data(), R));
+  if (has_recent()) KVQ_RETURN_IF_ERROR(be->upload(d_recent_slots.get(), h_recent_slots.data(), R));
   auto up = [&](Buffer& d, const std::vector<int32_t>& h, size_t n) { return be->upload(d.get(), h.data(), n * 4); };
   if (num_decode > 0) {
     const size_t nd = static_cast<size_t>(num_decode);
@@ -320,6 +344,7 @@ Status Engine::Impl::stage(const std::vector<Piece>& pieces, int num_decode) {
     KVQ_RETURN_IF_ERROR(up(dec_sink_lens, h_dec_sink_lens, nd));
     KVQ_RETURN_IF_ERROR(up(dec_blocks, h_dec_blocks, nd * max_blocks));
     KVQ_RETURN_IF_ERROR(up(dec_sink_blocks, h_dec_sink_blocks, nd * max_sink_blocks));
+    if (has_recent()) KVQ_RETURN_IF_ERROR(up(dec_recent_blocks, h_dec_recent_blocks, nd * max_blocks));
   }
   if (npf > 0) {
     const size_t np = static_cast<size_t>(npf);
@@ -327,6 +352,7 @@ Status Engine::Impl::stage(const std::vector<Piece>& pieces, int num_decode) {
     KVQ_RETURN_IF_ERROR(up(pf_sink_lens, h_pf_sink_lens, np));
     KVQ_RETURN_IF_ERROR(up(pf_blocks, h_pf_blocks, np * max_blocks));
     KVQ_RETURN_IF_ERROR(up(pf_sink_blocks, h_pf_sink_blocks, np * max_sink_blocks));
+    if (has_recent()) KVQ_RETURN_IF_ERROR(up(pf_recent_blocks, h_pf_recent_blocks, np * max_blocks));
   }
   return Status::ok();
 }
@@ -365,6 +391,7 @@ Status Engine::Impl::run_layers(int rows, int num_decode, const std::vector<Piec
     w.num_spans = static_cast<int>(spans.size());
     w.k = f(k), w.v = f(v), w.rows = rows;
     w.slot_mapping = d_slots.as<int32_t>();
+    if (has_recent()) w.recent_slot_mapping = d_recent_slots.as<int32_t>();
     KVQ_RETURN_IF_ERROR(B.run(w));
 
     const cache::LayerView lv = storage->layer(l);
@@ -375,6 +402,7 @@ Status Engine::Impl::run_layers(int rows, int num_decode, const std::vector<Piec
       a.tables = cache::BatchTablesView{num_decode,         dec_lens.as<int32_t>(), dec_sink_lens.as<int32_t>(),
                                         dec_blocks.as<int32_t>(), max_blocks,      dec_sink_blocks.as<int32_t>(),
                                         max_sink_blocks};
+      if (has_recent()) a.tables.recent_tables = dec_recent_blocks.as<int32_t>();
       a.q = f(q), a.out = f(att), a.num_q_heads = cfg.n_heads, a.softmax_scale = scale;
       KVQ_RETURN_IF_ERROR(B.run(a));
     }
@@ -390,6 +418,7 @@ Status Engine::Impl::run_layers(int rows, int num_decode, const std::vector<Piec
                                         max_blocks,
                                         pf_sink_blocks.as<int32_t>() + j * max_sink_blocks,
                                         max_sink_blocks};
+      if (has_recent()) a.tables.recent_tables = pf_recent_blocks.as<int32_t>() + j * max_blocks;
       a.q = f(q) + size_t(p.row0) * qd, a.out = f(att) + size_t(p.row0) * qd;
       a.n_q = p.n, a.q_pos0 = p.pos, a.num_q_heads = cfg.n_heads, a.softmax_scale = scale;
       KVQ_RETURN_IF_ERROR(B.run(a));

@@ -61,6 +61,7 @@ std::string QuantSpec::to_string() const {
   }
   s += "/b" + std::to_string(block_size);
   s += "/sink" + std::to_string(sink_tokens);
+  if (quantized() && recent_tokens > 0) s += "/recent" + std::to_string(recent_tokens);
   if (rotation != KvRotation::kNone) s += std::string("/") + rotation_name(rotation);
   return s;
 }
@@ -134,10 +135,9 @@ Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format)
   if (opts.scale_dtype == "fp32" || opts.scale_dtype == "float32") {
     spec.scale_dtype = ScaleDtype::kFp32;
   } else if (opts.scale_dtype == "fp16" || opts.scale_dtype == "float16") {
-    return unsupported("fp16 scale planes are not implemented yet; use --kv-scale-dtype fp32 "
-                       "(4 bytes per scale)");
+    spec.scale_dtype = ScaleDtype::kFp16;
   } else {
-    return invalid_argument("unknown --kv-scale-dtype '" + opts.scale_dtype + "'; accepted: fp32");
+    return invalid_argument("unknown --kv-scale-dtype '" + opts.scale_dtype + "'; accepted: fp32, fp16");
   }
 
   if (opts.block_size != 16 && opts.block_size != 32) {
@@ -152,6 +152,12 @@ Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format)
                             std::to_string(kMaxSinkTokens));
   }
   spec.sink_tokens = opts.sink_tokens;
+
+  if (opts.recent_tokens < 0 || opts.recent_tokens > kMaxSinkTokens) {
+    return invalid_argument("--kv-recent-tokens " + std::to_string(opts.recent_tokens) +
+                            " is out of range; accepted: 0 (no bf16 window) to " + std::to_string(kMaxSinkTokens));
+  }
+  spec.recent_tokens = opts.recent_tokens;
 
   Result<KvRotation> r = parse_rotation(opts.rotate);
   if (!r.is_ok()) return r.status();

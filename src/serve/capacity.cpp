@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "kvq/cache/layout.h"
+#include "kvq/cache/paged_cache.h"
 
 namespace kvq::serve {
 namespace {
@@ -111,7 +112,7 @@ std::string capacity_markdown(const std::vector<CapacityRow>& rows, const KvGeom
 }
 
 Result<KvPools> plan_kv_pools(const QuantSpec& spec, const KvGeometry& g, int max_seqs, int max_model_len,
-                              size_t budget_bytes) {
+                              size_t budget_bytes, int chunk_tokens) {
   KVQ_RETURN_IF_ERROR(check(spec, g));
   if (max_seqs < 1 || max_model_len < 1) return invalid_argument("max_seqs and max_model_len must be >= 1");
   const int bs = spec.block_size;
@@ -121,13 +122,18 @@ Result<KvPools> plan_kv_pools(const QuantSpec& spec, const KvGeometry& g, int ma
   KvPools p;
   p.num_sink_pages = static_cast<int>(ceil_div(sink, bs) * max_seqs);
   p.sink_bytes = static_cast<size_t>(p.num_sink_pages) * sink_page;
+  const int recent = spec.quantized() ? spec.recent_tokens : 0;
+  p.num_recent_pages = static_cast<int>(
+      int64_t{cache::PagedKvCache::recent_pages_per_sequence(recent, std::min(chunk_tokens, max_model_len), bs)} * max_seqs);
+  p.recent_bytes = static_cast<size_t>(p.num_recent_pages) * sink_page;  // bf16 pages like the sink's
   const int64_t one_seq_pages = std::max<int64_t>(1, ceil_div(max_model_len - sink, bs));
-  if (budget_bytes < p.sink_bytes + static_cast<size_t>(one_seq_pages) * page)
+  const size_t reserved = p.sink_bytes + p.recent_bytes;
+  if (budget_bytes < reserved + static_cast<size_t>(one_seq_pages) * page)
     return invalid_argument("a KV budget of " + gb(static_cast<double>(budget_bytes)) + " GB cannot hold " +
-                            std::to_string(max_seqs) + " bf16 sinks (" + gb(static_cast<double>(p.sink_bytes)) +
-                            " GB) plus one " + std::to_string(max_model_len) +
+                            std::to_string(max_seqs) + " bf16 sinks and recent windows (" +
+                            gb(static_cast<double>(reserved)) + " GB) plus one " + std::to_string(max_model_len) +
                             "-token sequence; raise --kv-cache-memory, or lower --max-num-seqs or --max-model-len");
-  const int64_t pages = static_cast<int64_t>((budget_bytes - p.sink_bytes) / page);
+  const int64_t pages = static_cast<int64_t>((budget_bytes - reserved) / page);
   if (pages > (1 << 30)) return invalid_argument("the KV budget gives more than 2^30 pages; lower --kv-cache-memory");
   p.num_pages = static_cast<int>(pages);
   p.main_bytes = static_cast<size_t>(pages) * page;

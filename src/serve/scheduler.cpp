@@ -237,6 +237,9 @@ Result<std::unique_ptr<Scheduler>> Scheduler::create(model::Engine& engine, cons
   im.chunk = engine.options().chunk_tokens;
   im.bs = engine.book().geometry().block_size;
   im.sink_cap = engine.book().spec().sink_tokens;
+  // A bf16 recent window keeps private twins of a sequence's last pages, which a shared prefix
+  // cannot carry (cache::PagedKvCache::share_prefix refuses): prefix sharing is off with a window.
+  if (engine.book().geometry().recent_tokens > 0) im.opts.prefix_sharing = false;
   im.ctx = engine.max_tokens();
   im.eos = engine.model().tokenizer().eos_id();
   if (im.opts.max_step_tokens < 0) return invalid_argument("scheduler: max_step_tokens must be >= 0");

@@ -41,6 +41,7 @@ struct WriteCase {
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   int head_dim = 128, num_kv_heads = 2, block_size = 16, sink = 0;
   bool fp32_input = false;
+  ScaleDtype scale_dtype = ScaleDtype::kFp32;
   // > 0: the first call is one prefill of this many tokens (more than one wave of the rows kernel,
   // so its threads walk several grid steps), in place of the small mixed calls.
   int bulk_tokens = 0;
@@ -48,6 +49,7 @@ struct WriteCase {
   std::string name() const {
     std::string n = format_name(format);
     if (is_quantized(format)) n += std::string("_") + granularity_name(granularity);
+    if (is_quantized(format) && scale_dtype == ScaleDtype::kFp16) n += "_fp16scales";
     return n + "_D" + std::to_string(head_dim) + "_Hkv" + std::to_string(num_kv_heads) + "_B" +
            std::to_string(block_size) + "_S" + std::to_string(sink) + (fp32_input ? "_fp32in" : "_bf16in") +
            (bulk_tokens > 0 ? "_bulk" + std::to_string(bulk_tokens) : "");
@@ -69,6 +71,7 @@ void run_case(const WriteCase& c) {
   cfg.spec.granularity = c.granularity;
   cfg.spec.block_size = bs;
   cfg.spec.sink_tokens = c.sink;
+  cfg.spec.scale_dtype = c.scale_dtype;
   cfg.num_pages = 48 + c.bulk_tokens / bs + 1;
   cfg.num_sink_pages = c.sink > 0 ? 3 * ((c.sink + bs - 1) / bs) + 2 : 0;
   auto created = cache::PagedKvCache::create(cfg);
@@ -94,7 +97,10 @@ void run_case(const WriteCase& c) {
   }
   if (g.has_scales() && g.granularity != ScaleGranularity::kPerTensor) {
     std::uniform_real_distribution<float> u(0.01f, 2.f);
-    for (size_t i = 0; i < hp.k_scales.size(); ++i) hv.k_scales[i] = u(rng), hv.v_scales[i] = u(rng);
+    for (size_t i = 0; i < hp.k_scales.size() * 4 / g.scale_bytes(); ++i) {
+      cache::store_scale(hv.k_scales, i, quant::stored_scale(u(rng), g.scale_dtype), g.scale_dtype);
+      cache::store_scale(hv.v_scales, i, quant::stored_scale(u(rng), g.scale_dtype), g.scale_dtype);
+    }
   }
   ASSERT_OK(dev_layer.upload(kc::Plane::kKCodes, hp.k_codes.data(), hp.k_codes.size()));
   ASSERT_OK(dev_layer.upload(kc::Plane::kVCodes, hp.v_codes.data(), hp.v_codes.size()));
@@ -216,8 +222,8 @@ void run_case(const WriteCase& c) {
   const size_t code_elem = format_bits(c.format) / 8;
   compare(kc::Plane::kKCodes, hp.k_codes.data(), hp.k_codes.size(), code_elem, "K codes");
   compare(kc::Plane::kVCodes, hp.v_codes.data(), hp.v_codes.size(), code_elem, "V codes");
-  compare(kc::Plane::kKScales, hp.k_scales.data(), hp.k_scales.size() * 4, 4, "K scales");
-  compare(kc::Plane::kVScales, hp.v_scales.data(), hp.v_scales.size() * 4, 4, "V scales");
+  compare(kc::Plane::kKScales, hp.k_scales.data(), hp.k_scales.size() * 4, g.scale_bytes(), "K scales");
+  compare(kc::Plane::kVScales, hp.v_scales.data(), hp.v_scales.size() * 4, g.scale_bytes(), "V scales");
   compare(kc::Plane::kKSink, hp.k_sink.data(), hp.k_sink.size() * 2, 2, "K sink");
   compare(kc::Plane::kVSink, hp.v_sink.data(), hp.v_sink.size() * 2, 2, "V sink");
   if (g.granularity == ScaleGranularity::kPerBlockHead && g.has_scales())
@@ -246,6 +252,20 @@ std::vector<WriteCase> write_cases() {
       ++k;
     }
   }
+  // fp16 scale planes: every quantized pair once, on the shape its fp32 runs skip.
+  k = 0;
+  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8}) {
+    for (ScaleGranularity gr :
+         {ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead, ScaleGranularity::kPerTensor}) {
+      const Shape& s = shapes[(k + 4) % 5];
+      WriteCase c;
+      c.format = f, c.granularity = gr, c.head_dim = s.d, c.num_kv_heads = s.hkv, c.block_size = s.bs;
+      c.sink = s.sink, c.seed = seed++, c.fp32_input = k % 2 == 1;
+      c.scale_dtype = ScaleDtype::kFp16;
+      out.push_back(c);
+      ++k;
+    }
+  }
   for (Format f : {Format::kBf16, Format::kFp16}) {
     WriteCase c;
     c.format = f, c.head_dim = 128, c.num_kv_heads = 2, c.block_size = 16, c.sink = 16, c.seed = seed++;
@@ -260,16 +280,19 @@ std::vector<WriteCase> write_cases() {
     ScaleGranularity gr;
     int d, bs, sink;
     bool fp32;
+    ScaleDtype sd = ScaleDtype::kFp32;
   };
   const Bulk bulk[] = {{Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 128, 16, 0, false},
                        {Format::kInt8, ScaleGranularity::kPerTokenHead, 128, 32, 32, true},
                        {Format::kFp8E4m3Fnuz, ScaleGranularity::kPerBlockHead, 128, 16, 20, false},
                        {Format::kInt8, ScaleGranularity::kPerBlockHead, 256, 32, 0, false},
-                       {Format::kBf16, ScaleGranularity::kPerTokenHead, 128, 16, 16, false}};
+                       {Format::kBf16, ScaleGranularity::kPerTokenHead, 128, 16, 16, false},
+                       {Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 128, 32, 16, true, ScaleDtype::kFp16},
+                       {Format::kInt8, ScaleGranularity::kPerBlockHead, 128, 16, 0, false, ScaleDtype::kFp16}};
   for (const Bulk& b : bulk) {
     WriteCase c;
     c.format = b.f, c.granularity = b.gr, c.head_dim = b.d, c.num_kv_heads = 8, c.block_size = b.bs, c.sink = b.sink;
-    c.fp32_input = b.fp32, c.bulk_tokens = 9001, c.seed = seed++;
+    c.fp32_input = b.fp32, c.bulk_tokens = 9001, c.seed = seed++, c.scale_dtype = b.sd;
     out.push_back(c);
   }
   return out;

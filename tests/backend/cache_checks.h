@@ -25,17 +25,22 @@ struct CacheCase {
   Format format = Format::kBf16;
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   int head_dim = 64, kv_heads = 2, group = 1, block = 16, sink = 0;
+  int recent = 0;  // bf16 recent window (QuantSpec::recent_tokens)
+  ScaleDtype scale_dtype = ScaleDtype::kFp32;
 
   QuantSpec spec() const {
     QuantSpec s;
     s.format = format, s.granularity = granularity, s.block_size = block, s.sink_tokens = sink;
+    s.recent_tokens = recent;
+    s.scale_dtype = scale_dtype;
     return s;
   }
   std::string name() const {
     std::string n = format_name(format);
     if (is_quantized(format)) n += std::string("_") + granularity_name(granularity);
+    if (is_quantized(format) && scale_dtype == ScaleDtype::kFp16) n += "_fp16scales";
     return n + "_d" + std::to_string(head_dim) + "_g" + std::to_string(group) + "_b" + std::to_string(block) + "_s" +
-           std::to_string(sink);
+           std::to_string(sink) + (recent > 0 ? "_r" + std::to_string(recent) : "");
   }
 };
 
@@ -61,6 +66,28 @@ inline std::vector<CacheCase> write_cases() {
           c.format = f, c.granularity = g, c.head_dim = d, c.block = b, c.sink = s;
           v.push_back(c);
         }
+  // The bf16 recent window on every quantized pair: a generic and a fast shape, a window ending
+  // mid-page and one of whole pages (18 cases).
+  for (auto [f, g] : format_pairs()) {
+    if (!is_quantized(f)) continue;
+    CacheCase c;
+    c.format = f, c.granularity = g;
+    c.head_dim = 64, c.block = 16, c.sink = 32, c.recent = 20;
+    v.push_back(c);
+    c.head_dim = 8, c.block = 32, c.sink = 0, c.recent = 64;
+    v.push_back(c);
+  }
+  // fp16 scale planes (DESIGN §3): every quantized pair at every head_dim, both blocks, a sink.
+  for (auto [f, g] : format_pairs()) {
+    if (!is_quantized(f)) continue;
+    for (int d : {8, 64, 128})
+      for (int b : {16, 32}) {
+        CacheCase c;
+        c.format = f, c.granularity = g, c.head_dim = d, c.block = b, c.sink = b == 16 ? 32 : 0;
+        c.scale_dtype = ScaleDtype::kFp16;
+        v.push_back(c);
+      }
+  }
   return v;
 }
 
@@ -84,6 +111,27 @@ inline std::vector<CacheCase> attention_cases() {
       v.push_back(c);
     }
   }
+  // The bf16 recent window: every quantized pair once more, each on a shape of its own, windows of
+  // 1 (the query alone), mid-page and longer than some sequences (18 cases).
+  const int recents[3] = {1, 21, 64};
+  for (size_t i = 2; i < pairs.size(); ++i) {
+    const int* s = shapes[(4 * (i - 2) + 2) % 12];
+    CacheCase c;
+    c.format = pairs[i].first, c.granularity = pairs[i].second;
+    c.head_dim = s[0], c.group = s[1], c.block = s[2], c.sink = s[3], c.recent = recents[i % 3];
+    v.push_back(c);
+  }
+  // fp16 scale planes: each quantized pair on 4 shapes, rotated the other way round (18 shapes
+  // apart from its fp32 ones), so every granularity meets every head_dim and ratio.
+  for (size_t i = 2; i < pairs.size(); ++i)
+    for (int j = 0; j < 4; ++j) {
+      const int* s = shapes[(4 * (i - 2) + 6 + j) % 12];
+      CacheCase c;
+      c.format = pairs[i].first, c.granularity = pairs[i].second;
+      c.head_dim = s[0], c.group = s[1], c.block = s[2], c.sink = s[3];
+      c.scale_dtype = ScaleDtype::kFp16;
+      v.push_back(c);
+    }
   return v;
 }
 
@@ -144,11 +192,10 @@ inline void fill_canaries(Backend& be, CacheStorage& st, cache::PagedKvCache& re
       if (bytes == 0) return;
       ASSERT_NE(d, nullptr);
       std::vector<uint8_t> c(bytes);
-      if (scales) {
-        std::vector<float> s(bytes / 4);
-        for (float& x : s) x = scale(rng);
-        if (g.granularity == ScaleGranularity::kPerTensor) s[0] = 0.f;
-        std::memcpy(c.data(), s.data(), bytes);
+      if (scales) {  // plausible scales of the plane's dtype (0 at element 0 = per_tensor unset)
+        for (size_t i = 0; i < bytes / g.scale_bytes(); ++i)
+          cache::store_scale(c.data(), i, quant::stored_scale(scale(rng), g.scale_dtype), g.scale_dtype);
+        if (g.granularity == ScaleGranularity::kPerTensor) cache::store_scale(c.data(), 0, 0.f, g.scale_dtype);
       } else {
         for (uint8_t& x : c) x = static_cast<uint8_t>(byte(rng));
       }
@@ -161,6 +208,8 @@ inline void fill_canaries(Backend& be, CacheStorage& st, cache::PagedKvCache& re
     fill(dst.v_scales, host.v_scales, g.scale_plane_bytes(), true);
     fill(dst.k_sink, host.k_sink, g.sink_plane_bytes(), false);
     fill(dst.v_sink, host.v_sink, g.sink_plane_bytes(), false);
+    fill(dst.k_recent, host.k_recent, g.recent_plane_bytes(), false);
+    fill(dst.v_recent, host.v_recent, g.recent_plane_bytes(), false);
   }
 }
 
@@ -177,6 +226,7 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
   cfg.num_layers = 2, cfg.num_kv_heads = c.kv_heads, cfg.head_dim = c.head_dim, cfg.spec = c.spec();
   cfg.num_pages = 48;
   cfg.num_sink_pages = 3 * ((c.sink + c.block - 1) / c.block);
+  cfg.num_recent_pages = c.recent > 0 ? cfg.num_pages : 0;  // a twin for every main page at most
   cfg.host_planes = true;
   auto ref_r = cache::PagedKvCache::create(cfg);
   KVQ_ASSERT_OK(ref_r.status());
@@ -246,6 +296,10 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
     for (const WriteSpan& s : spans)
       for (int t = s.pos0; t < s.pos0 + s.n; ++t) slots.push_back(book.slot_of(s.seq, t));
     DevBuf dslots = dev_from(be, slots);
+    std::vector<int32_t> recent_slots;
+    for (const WriteSpan& s : spans)
+      for (int t = s.pos0; t < s.pos0 + s.n; ++t) recent_slots.push_back(book.recent_slot_of(s.seq, t));
+    DevBuf drecent = dev_from(be, recent_slots);
     for (int l = 0; l < g.num_layers; ++l) {
       const auto k = write_rows(rng, rows, g.num_kv_heads, g.head_dim);
       const auto v = write_rows(rng, rows, g.num_kv_heads, g.head_dim);
@@ -254,6 +308,7 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
       a.book = &book, a.storage = &storage, a.layer = l, a.spans = spans.data();
       a.num_spans = static_cast<int>(spans.size());
       a.k = dk.f(), a.v = dv.f(), a.rows = rows, a.slot_mapping = dslots.i32();
+      if (c.recent > 0) a.recent_slot_mapping = drecent.i32();
       if (!checked_refusal) {  // a span past the rows is refused, and nothing is written
         checked_refusal = true;
         CacheWriteArgs bad = a;
@@ -274,6 +329,11 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
           bad = a;
           bad.slot_mapping = dwrong.i32();
           EXPECT_EQ(be.run(bad).code(), StatusCode::kInvalidArgument) << "a slot mapping off by one was accepted";
+        }
+        if (c.recent > 0) {  // the twins' destinations are needed (on the CPU, checked against the tables)
+          bad = a;
+          bad.recent_slot_mapping = nullptr;
+          EXPECT_EQ(be.can_implement(bad).code(), StatusCode::kInvalidArgument);
         }
       }
       (void)be.workspace_size(a);
@@ -358,10 +418,16 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
     const size_t eb = static_cast<size_t>(format_bits(g.format));
     EXPECT_TRUE(same_bytes("K codes", got.k_codes.data(), want.k_codes.data(), want.k_codes.size(), eb, g));
     EXPECT_TRUE(same_bytes("V codes", got.v_codes.data(), want.v_codes.data(), want.v_codes.size(), eb, g));
-    EXPECT_TRUE(same_bytes("K scales", got.k_scales.data(), want.k_scales.data(), want.k_scales.size() * 4, 32, g));
-    EXPECT_TRUE(same_bytes("V scales", got.v_scales.data(), want.v_scales.data(), want.v_scales.size() * 4, 32, g));
+    EXPECT_TRUE(same_bytes("K scales", got.k_scales.data(), want.k_scales.data(), want.k_scales.size() * 4, 8 * g.scale_bytes(), g));
+    EXPECT_TRUE(same_bytes("V scales", got.v_scales.data(), want.v_scales.data(), want.v_scales.size() * 4, 8 * g.scale_bytes(), g));
     EXPECT_TRUE(same_bytes("K sink", got.k_sink.data(), want.k_sink.data(), want.k_sink.size() * 2, 16, g));
     EXPECT_TRUE(same_bytes("V sink", got.v_sink.data(), want.v_sink.data(), want.v_sink.size() * 2, 16, g));
+    ASSERT_EQ(got.k_recent.size(), want.k_recent.size());
+    EXPECT_TRUE(same_bytes("K recent", got.k_recent.data(), want.k_recent.data(), want.k_recent.size() * 2, 16, g));
+    EXPECT_TRUE(same_bytes("V recent", got.v_recent.data(), want.v_recent.data(), want.v_recent.size() * 2, 16, g));
+  }
+  if (c.recent > 0) {
+    EXPECT_GT(ref.memory_report().recent_pages_used, 0);
   }
 }
 
@@ -416,11 +482,14 @@ class AttnFixture {
     ASSERT_NO_FATAL_FAILURE(up(lv.v_scales, p.v_scales.data(), g.scale_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.k_sink, p.k_sink.data(), g.sink_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.v_sink, p.v_sink.data(), g.sink_plane_bytes()));
+    ASSERT_NO_FATAL_FAILURE(up(lv.k_recent, p.k_recent.data(), g.recent_plane_bytes()));
+    ASSERT_NO_FATAL_FAILURE(up(lv.v_recent, p.v_recent.data(), g.recent_plane_bytes()));
     tables_ = kv.batch_tables(sc_.seqs);
     lens_ = dev_from(be, tables_.seq_lens);
     sink_lens_ = dev_from(be, tables_.sink_lens);
     blocks_ = dev_from(be, tables_.block_tables);
     sinks_ = dev_from(be, tables_.sink_tables);
+    if (!tables_.recent_tables.empty()) recents_ = dev_from(be, tables_.recent_tables);
     EXPECT_TRUE(attention::testing::tables_scrambled(kv, sc_.seqs));
   }
   const std::vector<cache::SeqId>& seqs() const { return sc_.seqs; }
@@ -433,6 +502,7 @@ class AttnFixture {
     a.layer = storage_->layer(0);
     a.tables = cache::BatchTablesView{static_cast<int>(sc_.seqs.size()), lens_.i32(), sink_lens_.i32(), blocks_.i32(),
                                       tables_.max_blocks, sinks_.i32(), tables_.max_sink_blocks};
+    if (!tables_.recent_tables.empty()) a.tables.recent_tables = recents_.i32();
     a.q = q, a.out = out, a.lse = lse, a.num_q_heads = hq, a.softmax_scale = scale;
     return a;
   }
@@ -449,6 +519,7 @@ class AttnFixture {
                                       tables_.max_blocks,
                                       sinks_.i32() + i * size_t(tables_.max_sink_blocks),
                                       tables_.max_sink_blocks};
+    if (!tables_.recent_tables.empty()) a.tables.recent_tables = recents_.i32() + i * size_t(tables_.max_blocks);
     a.q = q, a.out = out, a.lse = lse, a.n_q = n_q, a.q_pos0 = pos0, a.num_q_heads = hq, a.softmax_scale = scale;
     return a;
   }
@@ -467,7 +538,7 @@ class AttnFixture {
   std::vector<cache::PagedKvCache::Planes> before_;
   std::unique_ptr<CacheStorage> storage_;
   cache::PagedKvCache::BatchTables tables_;
-  DevBuf lens_, sink_lens_, blocks_, sinks_;
+  DevBuf lens_, sink_lens_, blocks_, sinks_, recents_;
 };
 
 // Decode (all sequences in one call) or prefill (per sequence: a trailing chunk of <= 9 queries,
@@ -521,12 +592,18 @@ inline void check_attention(Backend& be, const CacheCase& c, uint64_t seed, bool
       const int len = f.len(s), p0 = prefill ? pos0 : len - 1;
       const attention::DenseShape shape{len, c.kv_heads, hq, d};
       std::vector<float> ks, vs;
-      KVQ_ASSERT_OK(attention::testing::read_back_sequence(*sc.cache, f.seqs()[s], 0, ks, vs));
       std::vector<double> ref(per), ref_lse(per / d);
       const float* qs = q.data() + j * per;
       const float* os = o.data() + j * per;
-      KVQ_ASSERT_OK(attention::reference_attention(shape, ks.data(), vs.data(), qs, n_q, p0, scale, ref.data(),
-                                                   ref_lse.data()));
+      // Each query sees the cache as stored through its own bf16 window (one reference call per
+      // query then; without a window all queries see the same values).
+      const int step = c.recent > 0 ? 1 : n_q;
+      for (int i = 0; i < n_q; i += step) {
+        KVQ_ASSERT_OK(attention::testing::read_back_for_query(*sc.cache, f.seqs()[s], 0, p0 + i, ks, vs));
+        const size_t at = size_t(i) * hq * d;
+        KVQ_ASSERT_OK(attention::reference_attention(shape, ks.data(), vs.data(), qs + at, step, p0 + i, scale,
+                                                     ref.data() + at, ref_lse.data() + at / d));
+      }
       EXPECT_LT(rel_l2(os, ref.data(), per), stored_budget)
           << "sequence " << s << " len " << len << " queries [" << p0 << ", " << p0 + n_q << ")";
       EXPECT_LT(attention::testing::max_abs_diff(l.data() + j * (per / d), ref_lse.data(), per / d), lse_budget)
@@ -539,12 +616,17 @@ inline void check_attention(Backend& be, const CacheCase& c, uint64_t seed, bool
   if (prefill) {
     for (size_t s = 0; s < f.seqs().size(); ++s) {
       const int len = f.len(s);
-      ASSERT_NO_FATAL_FAILURE(run_and_check({s}, std::min(len, 9), len - std::min(len, 9)));
+      // With a window, only queries whose bf16 window the cache still holds (as in the engine,
+      // which attends a chunk right after writing it).
+      const int first = c.recent > 0 ? attention::testing::first_servable_query(*sc.cache, f.seqs()[s]) : 0;
+      const int tail = std::min(len - first, 9);
+      ASSERT_GT(tail, 0);
+      ASSERT_NO_FATAL_FAILURE(run_and_check({s}, tail, len - tail));
       if (!skipped->empty()) return;
-      if (len > 30) {
+      if (len > 30 && len / 3 >= first) {
         ASSERT_NO_FATAL_FAILURE(run_and_check({s}, 5, len / 3));
       }
-      if (len > 9 && len <= 64) {
+      if (len > 9 && len <= 64 && first == 0) {
         ASSERT_NO_FATAL_FAILURE(run_and_check({s}, len, 0));
       }
     }

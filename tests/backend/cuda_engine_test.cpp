@@ -52,6 +52,10 @@ QuantSpec make_spec(Format f, ScaleGranularity g, int sink) {
   s.block_size = 16;
   return s;
 }
+QuantSpec fp16_scales(QuantSpec s) {
+  s.scale_dtype = ScaleDtype::kFp16;
+  return s;
+}
 QuantSpec rotated(QuantSpec s) {
   s.rotation = KvRotation::kHadamard;
   return s;
@@ -59,7 +63,7 @@ QuantSpec rotated(QuantSpec s) {
 
 std::string spec_label(const QuantSpec& s) {
   return std::string(format_name(s.format)) + "/" + granularity_name(s.granularity) + "/sink" + std::to_string(s.sink_tokens) +
-         (s.rotation == KvRotation::kHadamard ? "/hadamard" : "");
+         (s.rotation == KvRotation::kHadamard ? "/hadamard" : "") + (s.scale_dtype == ScaleDtype::kFp16 ? "/fp16_scales" : "");
 }
 
 // ---- cache write: byte-identical planes -----------------------------------------------------------
@@ -134,8 +138,10 @@ TEST(CudaBackendWrite, PlanesBitIdenticalToCpu) {
   std::vector<WriteCase> cases;
   for (int d : {64, 8}) {
     for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kInt4})
-      for (ScaleGranularity g : {ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead, ScaleGranularity::kPerTensor})
+      for (ScaleGranularity g : {ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead, ScaleGranularity::kPerTensor}) {
         cases.push_back({d, 2, make_spec(f, g, 16)});
+        cases.push_back({d, 2, fp16_scales(make_spec(f, g, 16))});
+      }
     cases.push_back({d, 3, make_spec(Format::kBf16, ScaleGranularity::kPerTokenHead, 0)});
     cases.push_back({d, 2, make_spec(Format::kFp8E4m3, ScaleGranularity::kPerBlockHead, 0)});
   }

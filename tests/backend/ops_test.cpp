@@ -13,10 +13,10 @@
 //
 // Cases (per backend; counts in the report of each run): a reduced cross product where every
 // value of every axis appears: GEMM 12, RMSNorm 6, RoPE 7, SwiGLU 3, Embed 4, Sample 3,
-// CacheWrite 132 (the full dtype x granularity x head_dim x block x sink product: writes are
-// cheap), Decode 48 and Prefill 48 (11 dtype/granularity pairs over 12 rotating shapes of
-// head_dim x GQA ratio x block x sink), refusals 5, memory (allocate / copy / upload_matrix) 3:
-// 271 per backend. A backend may answer kUnsupported for a case it does not serve (e.g. head_dim 8
+// CacheWrite 150 (the full dtype x granularity x head_dim x block x sink product: writes are
+// cheap; plus 18 with a bf16 recent window), Decode 57 and Prefill 57 (11 dtype/granularity pairs
+// over 12 rotating shapes of head_dim x GQA ratio x block x sink, plus 9 with a recent window),
+// refusals 5, memory (allocate / copy / upload_matrix) 3: 325 per backend. A backend may answer kUnsupported for a case it does not serve (e.g. head_dim 8
 // on CUDA); the case then checks that nothing was written and is reported as skipped. The CPU
 // backend (the reference) must serve every case.
 #include <gtest/gtest.h>
@@ -660,6 +660,9 @@ TEST(BackendOpsCases, EveryAxisValueAppears) {
       for (int s : {0, 32})
         EXPECT_GT(count([&](const OpCase& c) { return c.op == op && c.cache.block == b && c.cache.sink == s; }), 0);
   }
+  for (Op op : {Op::kDecode, Op::kPrefill, Op::kCacheWrite})  // the recent window on every quantized format
+    for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8})
+      EXPECT_GT(count([&](const OpCase& c) { return c.op == op && c.cache.format == f && c.cache.recent > 0; }), 0);
   for (Op op : {Op::kDecode, Op::kPrefill})
     for (int d : {8, 64, 128, 256})
       for (int gq : {1, 4, 8})

@@ -64,10 +64,17 @@ inline double allowed_error(Format f, double x, double s, int rounds = 0) {
   return (rounds + 1) * (std::max(b.rel * ax, b.abs * (is_quantized(f) ? s : 1.0)) * (1 + slack) + slack * ax);
 }
 
-// The scale the library should pick, computed in float64 from the float amax.
-inline double expected_scale(Format f, float amax) {
-  if (!is_quantized(f) || !(amax > 0.f)) return 1.0;
-  return std::max(static_cast<double>(amax) / format_qmax(f), static_cast<double>(FLT_MIN));
+// The scale the library should pick, computed in float64 from the float amax. fp16 planes: the
+// fp32 scale rounded up onto the binary16 grid (step 2^(e - 10), e >= -14), clamped to
+// [2^-24, 65504] (quant/policy.h).
+inline double expected_scale(Format f, float amax, ScaleDtype sd = ScaleDtype::kFp32) {
+  if (!is_quantized(f) || !(amax > 0.f) || !std::isfinite(amax)) return 1.0;
+  const double s = std::max(static_cast<double>(static_cast<float>(static_cast<double>(amax) / format_qmax(f))),
+                            static_cast<double>(FLT_MIN));
+  if (sd == ScaleDtype::kFp32) return s;
+  if (s >= 65504.0) return 65504.0;
+  const double step = std::ldexp(1.0, std::max(std::ilogb(s), -14) - 10);
+  return std::max(std::ceil(s / step) * step, std::ldexp(1.0, -24));
 }
 
 inline float finite_abs_max(const float* x, size_t n) {
@@ -105,7 +112,7 @@ inline std::vector<float> random_rows(std::mt19937& rng, int n, int heads, int d
 class Shadow {
  public:
   explicit Shadow(const CacheConfig& cfg)
-      : f_(cfg.spec.format), g_(cfg.spec.granularity), layers_(cfg.num_layers), heads_(cfg.num_kv_heads),
+      : f_(cfg.spec.format), g_(cfg.spec.granularity), sd_(cfg.spec.scale_dtype), layers_(cfg.num_layers), heads_(cfg.num_kv_heads),
         dim_(cfg.head_dim), bs_(cfg.spec.block_size),
         tensor_scale_(static_cast<size_t>(cfg.num_layers) * 2, -1.0) {}
 
@@ -160,7 +167,7 @@ class Shadow {
         double& ts = tensor_scale_[static_cast<size_t>(layer) * 2 + kv];
         if (ts >= 0) continue;
         const float* src = (kv == 0 ? k : v) + static_cast<size_t>(t0 - pos0) * row;
-        ts = expected_scale(f_, finite_abs_max(src, static_cast<size_t>(end - t0) * row));
+        ts = expected_scale(f_, finite_abs_max(src, static_cast<size_t>(end - t0) * row), sd_);
       }
     }
     if (g_ == ScaleGranularity::kPerBlockHead && is_quantized(f_) && end > s.cap) {
@@ -232,10 +239,10 @@ class Shadow {
               f = Format::kBf16;
             } else if (is_quantized(f_)) {
               if (g_ == ScaleGranularity::kPerTokenHead) {
-                scale = expected_scale(f_, finite_abs_max(want, static_cast<size_t>(dim_)));
+                scale = expected_scale(f_, finite_abs_max(want, static_cast<size_t>(dim_)), sd_);
               } else if (g_ == ScaleGranularity::kPerBlockHead) {
                 const int block = (t - s.cap) / bs_;
-                scale = expected_scale(f_, s.block_amax[static_cast<size_t>(l)][static_cast<size_t>(block)][static_cast<size_t>(kv * heads_ + h)]);
+                scale = expected_scale(f_, s.block_amax[static_cast<size_t>(l)][static_cast<size_t>(block)][static_cast<size_t>(kv * heads_ + h)], sd_);
                 rounds = tk.rounds[static_cast<size_t>(kv * heads_ + h)];
               } else {
                 scale = tensor_scale_[static_cast<size_t>(l) * 2 + kv];
@@ -274,6 +281,7 @@ class Shadow {
   };
   Format f_;
   ScaleGranularity g_;
+  ScaleDtype sd_;
   int layers_, heads_, dim_, bs_;
   std::vector<double> tensor_scale_;  // [layer][kv]; < 0 until the first quantized write
   std::map<SeqId, Seq> seqs_;

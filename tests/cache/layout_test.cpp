@@ -63,6 +63,27 @@ TEST(BytesPerToken, HeadDim128Llama) {
   EXPECT_EQ(bytes_per_page(spec(Format::kFp8E4m3, kToken), 32, 8, 128), 67584u * 16);
 }
 
+// fp16 scales (DESIGN §3) halve the scale bytes: SmolLM2 per_token_head 11520 + 30*2*3*2 = 11880.
+TEST(BytesPerToken, Fp16ScalesHalveTheScaleBytes) {
+  QuantSpec s = spec(Format::kFp8E4m3, kToken);
+  s.scale_dtype = ScaleDtype::kFp16;
+  EXPECT_EQ(bytes_per_token(s, 30, 3, 64), 11880u);
+  s.format = Format::kInt8;
+  EXPECT_EQ(bytes_per_token(s, 30, 3, 64), 11880u);
+  s.granularity = kBlock;  // 30*2*(3*16*64 + 3*2) = 184680 per page
+  EXPECT_EQ(bytes_per_page(s, 30, 3, 64), 184680u);
+  s.granularity = kTensor;
+  EXPECT_EQ(bytes_per_token(s, 30, 3, 64), 11520u);
+  s.format = Format::kBf16;  // unscaled storage ignores the scale dtype
+  EXPECT_EQ(bytes_per_token(s, 30, 3, 64), 23040u);
+  // The geometry's plane: 5 pages * 3 heads * 16 slots * 2 bytes = 480, padded to 512.
+  CacheGeometry g;
+  g.num_kv_heads = 3, g.head_dim = 64, g.num_pages = 5, g.format = Format::kInt8;
+  g.scale_dtype = ScaleDtype::kFp16;
+  EXPECT_EQ(g.scale_bytes(), 2u);
+  EXPECT_EQ(g.scale_plane_bytes(), 512u);
+}
+
 TEST(BytesPerToken, Stories260KHeadDim8) {
   // 5 layers, 4 KV heads, head_dim 8: the scale is a third of each per_token_head row.
   EXPECT_EQ(bytes_per_token(spec(Format::kInt8, kToken), 5, 4, 8), 5u * 2 * 4 * (8 + 4));

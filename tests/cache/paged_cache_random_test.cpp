@@ -56,11 +56,12 @@ struct RandomCase {
   ScaleGranularity g;
   int block_size, dim;
   unsigned seed;
+  ScaleDtype sd = ScaleDtype::kFp32;
 };
 
 void PrintTo(const RandomCase& c, std::ostream* os) {
   *os << "format " << static_cast<int>(c.f) << " " << granularity_name(c.g) << " b" << c.block_size << " d" << c.dim
-      << " seed " << c.seed;
+      << " seed " << c.seed << (c.sd == ScaleDtype::kFp16 ? " fp16 scales" : "");
 }
 
 class RandomOps : public ::testing::TestWithParam<RandomCase> {};
@@ -70,7 +71,8 @@ class RandomOps : public ::testing::TestWithParam<RandomCase> {};
 TEST_P(RandomOps, ShadowModelAndNoLeaks) {
   const RandomCase rc = GetParam();
   const int layers = 2, heads = 2, pages = 40, sink_pages = 10;
-  const CacheConfig cfg = make_config(rc.f, rc.g, rc.block_size, layers, heads, rc.dim, pages, sink_pages, 16);
+  CacheConfig cfg = make_config(rc.f, rc.g, rc.block_size, layers, heads, rc.dim, pages, sink_pages, 16);
+  cfg.spec.scale_dtype = rc.sd;
   auto created = PagedKvCache::create(cfg);
   ASSERT_TRUE(created.is_ok()) << created.status().to_string();
   PagedKvCache& c = *created.value();
@@ -199,28 +201,67 @@ INSTANTIATE_TEST_SUITE_P(Configs, RandomOps,
                                            RandomCase{Format::kInt4, kToken, 16, 16, 6},
                                            RandomCase{Format::kInt4, kBlock, 32, 8, 7}));
 
+// fp16 scale planes: every quantized format x granularity (the shadow rounds its float64 scale up
+// onto the fp16 grid independently of the library).
+constexpr auto kHalfScales = ScaleDtype::kFp16;
+INSTANTIATE_TEST_SUITE_P(Fp16Scales, RandomOps,
+                         ::testing::Values(RandomCase{Format::kFp8E4m3, kToken, 16, 16, 11, kHalfScales},
+                                           RandomCase{Format::kFp8E4m3, kBlock, 32, 8, 12, kHalfScales},
+                                           RandomCase{Format::kFp8E4m3, kTensor, 16, 8, 13, kHalfScales},
+                                           RandomCase{Format::kFp8E4m3Fnuz, kToken, 32, 8, 14, kHalfScales},
+                                           RandomCase{Format::kFp8E4m3Fnuz, kBlock, 16, 16, 15, kHalfScales},
+                                           RandomCase{Format::kFp8E4m3Fnuz, kTensor, 16, 8, 16, kHalfScales},
+                                           RandomCase{Format::kInt8, kToken, 16, 8, 17, kHalfScales},
+                                           RandomCase{Format::kInt8, kBlock, 16, 16, 18, kHalfScales},
+                                           RandomCase{Format::kInt8, kTensor, 32, 8, 19, kHalfScales}));
+
+// Canary scales, NaN in either dtype: would poison any read that used them. Written one scale
+// element at a time, so a page copy (which moves whole elements) keeps the pattern.
+constexpr uint32_t kScaleBits = 0x7FA5A5A5u;
+constexpr uint16_t kHalfScaleBits = 0x7EA5u;
+
+void fill_scale_pattern(void* plane, size_t bytes, size_t width) {
+  for (size_t i = 0; i < bytes / width; ++i)
+    std::memcpy(static_cast<uint8_t*>(plane) + i * width, width == 2 ? static_cast<const void*>(&kHalfScaleBits) : &kScaleBits, width);
+}
+
+bool scale_is_pattern(const void* plane, size_t idx, size_t width) {
+  const void* want = width == 2 ? static_cast<const void*>(&kHalfScaleBits) : &kScaleBits;
+  return std::memcmp(static_cast<const uint8_t*>(plane) + idx * width, want, width) == 0;
+}
+
 // Fill every plane with a pattern, run operations (no frees, so no page is ever reused), then
 // every byte that no live sequence has written must still hold the pattern.
 TEST(Canary, BytesOutsideWrittenSlotsAreUntouched) {
-  for (auto [f, g] : {std::pair{Format::kFp8E4m3, kToken}, {Format::kInt8, kBlock}, {Format::kFp8E4m3Fnuz, kTensor},
-                      {Format::kBf16, kToken}, {Format::kInt4, kToken}, {Format::kInt4, kBlock}}) {
+  struct Case {
+    Format f;
+    ScaleGranularity g;
+    ScaleDtype sd;
+  };
+  for (auto [f, g, sd] : {Case{Format::kFp8E4m3, kToken, ScaleDtype::kFp32}, {Format::kInt8, kBlock, ScaleDtype::kFp32},
+                          {Format::kFp8E4m3Fnuz, kTensor, ScaleDtype::kFp32}, {Format::kBf16, kToken, ScaleDtype::kFp32},
+                          {Format::kInt8, kToken, ScaleDtype::kFp16}, {Format::kFp8E4m3, kBlock, ScaleDtype::kFp16},
+                          {Format::kInt8, kTensor, ScaleDtype::kFp16},
+                          {Format::kInt4, kToken, ScaleDtype::kFp32}, {Format::kInt4, kBlock, ScaleDtype::kFp32},
+                          {Format::kInt4, kToken, ScaleDtype::kFp16}}) {
     const int layers = 2, heads = 3, dim = 16, bs = 16, pages = 24, sink_pages = 8;
-    const CacheConfig cfg = make_config(f, g, bs, layers, heads, dim, pages, sink_pages, 16);
+    CacheConfig cfg = make_config(f, g, bs, layers, heads, dim, pages, sink_pages, 16);
+    cfg.spec.scale_dtype = sd;
+    SCOPED_TRACE(cfg.spec.to_string());
     auto created = PagedKvCache::create(cfg);
     ASSERT_TRUE(created.is_ok());
     PagedKvCache& c = *created.value();
     const CacheGeometry& geo = c.geometry();
     constexpr uint8_t kCode = 0x5A;
     constexpr uint16_t kSink = 0xA5C3;
-    constexpr uint32_t kScaleBits = 0x7FA5A5A5u;  // a NaN: would poison any read that used it
     for (int l = 0; l < layers; ++l) {
       LayerView v = c.layer_view(l);
       std::memset(v.k_codes, kCode, geo.code_plane_bytes());
       std::memset(v.v_codes, kCode, geo.code_plane_bytes());
       for (size_t i = 0; i < geo.sink_plane_bytes() / 2; ++i) v.k_sink[i] = v.v_sink[i] = kSink;
-      for (size_t i = 0; i < geo.scale_plane_bytes() / 4; ++i) {
-        std::memcpy(&v.k_scales[i], &kScaleBits, 4);
-        std::memcpy(&v.v_scales[i], &kScaleBits, 4);
+      if (geo.has_scales()) {
+        fill_scale_pattern(v.k_scales, geo.scale_plane_bytes(), geo.scale_bytes());
+        fill_scale_pattern(v.v_scales, geo.scale_plane_bytes(), geo.scale_bytes());
       }
     }
     std::mt19937 rng(77);
@@ -264,8 +305,9 @@ TEST(Canary, BytesOutsideWrittenSlotsAreUntouched) {
         for (int slot = 0; slot < bs; ++slot) page_written |= main_written.count({page, slot}) > 0;
         for (int h = 0; h < heads; ++h) {
           if (g == kBlock && is_quantized(f) && !page_written) {
-            ASSERT_EQ(std::memcmp(&p.k_scales[geo.scale_index(page, h, 0)], &kScaleBits, 4), 0);
-            ASSERT_EQ(std::memcmp(&p.v_scales[geo.scale_index(page, h, 0)], &kScaleBits, 4), 0);
+            ASSERT_TRUE(scale_is_pattern(p.k_scales.data(), geo.scale_index(page, h, 0), geo.scale_bytes()))
+                << "layer " << l << " page " << page << " head " << h;
+            ASSERT_TRUE(scale_is_pattern(p.v_scales.data(), geo.scale_index(page, h, 0), geo.scale_bytes()));
           }
           for (int slot = 0; slot < bs; ++slot) {
             if (main_written.count({page, slot})) continue;
@@ -275,15 +317,15 @@ TEST(Canary, BytesOutsideWrittenSlotsAreUntouched) {
               ASSERT_EQ(p.v_codes[off + b], kCode);
             }
             if (g == kToken && is_quantized(f)) {
-              ASSERT_EQ(std::memcmp(&p.k_scales[geo.scale_index(page, h, slot)], &kScaleBits, 4), 0);
+              ASSERT_TRUE(scale_is_pattern(p.k_scales.data(), geo.scale_index(page, h, slot), geo.scale_bytes()));
             }
           }
         }
       }
       for (size_t b = geo.bytes_per_page() * pages; b < p.k_codes.size(); ++b) ASSERT_EQ(p.k_codes[b], kCode);
       const size_t scales_used = g == kTensor ? 1 : geo.scales_per_page() * pages;
-      for (size_t i = scales_used; i < p.k_scales.size(); ++i) {
-        ASSERT_EQ(std::memcmp(&p.k_scales[i], &kScaleBits, 4), 0) << "scale padding " << i;
+      for (size_t i = scales_used; i < p.k_scales.size() * 4 / geo.scale_bytes(); ++i) {
+        ASSERT_TRUE(scale_is_pattern(p.k_scales.data(), i, geo.scale_bytes())) << "scale padding " << i;
       }
       for (int page = 0; page < sink_pages; ++page) {
         for (int h = 0; h < heads; ++h) {

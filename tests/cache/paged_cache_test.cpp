@@ -53,7 +53,7 @@ TEST(PagedKvCacheCreate, RejectsBadShapesWithClearErrors) {
   for (int bs : {0, 8, 24, 64}) {
     add([bs](CacheConfig& c) { c.spec.block_size = bs; }, StatusCode::kInvalidArgument, "16, 32");
   }
-  add([](CacheConfig& c) { c.spec.scale_dtype = ScaleDtype::kFp16; }, StatusCode::kUnsupported, "fp32");
+  add([](CacheConfig& c) { c.spec.scale_dtype = static_cast<ScaleDtype>(7); }, StatusCode::kInvalidArgument, "scale dtype");
   add([](CacheConfig& c) { c.num_pages = 0; }, StatusCode::kInvalidArgument, "num_pages");
   add([](CacheConfig& c) { c.num_sink_pages = -1; }, StatusCode::kInvalidArgument, "num_sink_pages");
   add([](CacheConfig& c) { c.spec.sink_tokens = -5; }, StatusCode::kInvalidArgument, "sink_tokens");

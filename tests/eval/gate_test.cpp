@@ -216,6 +216,23 @@ TEST(Specs, RotationGlobalAndPerEntry) {
   EXPECT_NE(r.status().message().find("--kv-rotate"), std::string::npos) << r.status().message();
 }
 
+TEST(Specs, ScaleDtypeGlobalAndPerEntry) {
+  SpecListOptions o;
+  o.kv_cache_dtypes = "int8,int8:fp16_scales,fp8:fp16_scales,int8:fp32_scales";
+  auto r = parse_spec_list(o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(r.value().size(), 3u);  // fp16 scales make another cache; int8:fp32_scales is int8
+  EXPECT_EQ(r.value()[0].spec.scale_dtype, ScaleDtype::kFp32);
+  EXPECT_EQ(r.value()[1].spec.scale_dtype, ScaleDtype::kFp16);
+  EXPECT_EQ(r.value()[2].spec.scale_dtype, ScaleDtype::kFp16);
+  o.scale_dtype = "fp16";
+  o.kv_cache_dtypes = "int8,fp8:fp32_scales";
+  r = parse_spec_list(o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r.value()[0].spec.scale_dtype, ScaleDtype::kFp16);
+  EXPECT_EQ(r.value()[1].spec.scale_dtype, ScaleDtype::kFp32);
+}
+
 TEST(Specs, ErrorsNameTheEntry) {
   SpecListOptions o;
   for (const char* bad : {"fp9", "fp8:foo", "int8:b17", "", " , "}) {

@@ -600,6 +600,56 @@ TEST_P(EngineTest, Bf16WeightsStayClose) {
   EXPECT_GT(std::fabs(nll[1] - nll[0]), 1e-5) << "bf16 weights had no effect: were they used?";
 }
 
+// (g) The bf16 recent window (QuantSpec::recent_tokens) is a per-query rule, so chunked prefill
+// (chunks of 7 and 64, through the prefill op) gives the logits of token-by-token decode (chunk 1,
+// through the decode op), and a window covering the whole context reads every main token in bf16:
+// the bf16 cache's attention. The window must also change the logits of a quantized cache.
+TEST_P(EngineTest, RecentWindowChunkingMatchesTokenByToken) {
+  const std::vector<int32_t> prompt(ids_->begin() + 5000, ids_->begin() + 5200);
+  const int V = vocab(), n = static_cast<int>(prompt.size());
+  auto run = [&](QuantSpec spec, int recent, int chunk, std::vector<float>& logits) {
+    spec.recent_tokens = recent;
+    EngineOptions o;
+    o.max_seqs = 1, o.max_tokens = 256, o.chunk_tokens = chunk;
+    auto e = engine(spec, o);
+    ASSERT_TRUE(e);
+    const SeqId s = e->add_sequence().value();
+    logits.assign(size_t(n) * V, NAN);
+    ASSERT_TRUE(e->forward({SeqStep{s, prompt.data(), n, LogitsMode::kAll, logits.data()}}).is_ok());
+  };
+  // per_token_head only: per_block_head growth and the per_tensor first write make the codes
+  // themselves depend on the chunking (ChunkedPromptMatchesOneCall), with or without a window.
+  const QuantSpec specs[] = {spec_of(Format::kFp8E4m3, 16), spec_of(Format::kInt8, 0)};
+  for (const QuantSpec& spec : specs) {
+    SCOPED_TRACE(spec.to_string());
+    std::vector<float> by_token, chunked, off;
+    ASSERT_NO_FATAL_FAILURE(run(spec, 40, 1, by_token));
+    for (int chunk : {7, 64}) {
+      ASSERT_NO_FATAL_FAILURE(run(spec, 40, chunk, chunked));
+      Agreement agree;
+      agree.add(chunked.data(), by_token.data(), size_t(n), V);
+      std::printf("[%s %s] recent 40, chunk %d vs 1: %s\n", backend::backend_name(GetParam()), spec.to_string().c_str(),
+                  chunk, agree.describe().c_str());
+      EXPECT_TRUE(agree.within(budget())) << "chunk " << chunk;
+    }
+    ASSERT_NO_FATAL_FAILURE(run(spec, 0, 64, off));
+    Agreement moved;
+    moved.add(off.data(), by_token.data(), size_t(n), V);
+    std::printf("[%s %s] recent 0 vs 40: %s\n", backend::backend_name(GetParam()), spec.to_string().c_str(),
+                moved.describe().c_str());
+    EXPECT_GT(moved.rel_l2(), 1e-4) << "the window changed nothing";
+  }
+  std::vector<float> whole, bf16;
+  ASSERT_NO_FATAL_FAILURE(run(spec_of(Format::kFp8E4m3, 16), 256, 64, whole));
+  ASSERT_NO_FATAL_FAILURE(run(spec_of(Format::kBf16, 16), 0, 64, bf16));
+  Agreement same;
+  same.add(whole.data(), bf16.data(), size_t(n), V);
+  std::printf("[%s] fp8 recent 256 vs bf16: %s\n", backend::backend_name(GetParam()), same.describe().c_str());
+  EXPECT_TRUE(same.within(budget()));
+  // Measured on the CPU: identical bits (the codes part is empty, the twins hold bf16(K), bf16(V)).
+  EXPECT_LT(same.rel_l2(), 1e-4) << "a window over the whole context is the bf16 cache, up to float rounding";
+}
+
 INSTANTIATE_TEST_SUITE_P(AllBackends, EngineTest, ::testing::ValuesIn(backend::available_backends()),
                          [](const ::testing::TestParamInfo<BackendKind>& info) {
                            return std::string(backend::backend_name(info.param));

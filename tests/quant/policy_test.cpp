@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <cfloat>
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <vector>
 
+#include "kvq/cache/layout.h"
 #include "kvq/format/format.h"
 #include "kvq/quant/policy.h"
 #include "kvq/quant/quantize.h"
@@ -89,6 +92,63 @@ TEST(ScalePolicy, ScaleIsTheCorrectlyRoundedQuotient) {
     EXPECT_EQ(quant::scale_for_amax(f, NAN), 1.f);
   }
   EXPECT_EQ(quant::scale_for_amax(Format::kBf16, 100.f), 1.f);  // unscaled storage
+}
+
+// Every positive finite fp16 value, ascending, built from the binary16 definition in float64
+// (subnormals m * 2^-24, normals (1 + m / 1024) * 2^(e - 15)), not from kvq's converters.
+std::vector<double> fp16_grid() {
+  std::vector<double> g;
+  for (int m = 1; m < 1024; ++m) g.push_back(std::ldexp(m, -24));
+  for (int e = 1; e < 31; ++e)
+    for (int m = 0; m < 1024; ++m) g.push_back(std::ldexp(1.0 + m / 1024.0, e - 15));
+  return g;
+}
+
+// The documented fp16 rule in float64: the smallest grid value >= the fp32 scale, clamped.
+double fp16_reference(const std::vector<double>& grid, double s) {
+  if (s >= grid.back()) return grid.back();
+  return *std::lower_bound(grid.begin(), grid.end(), s);
+}
+
+TEST(ScalePolicy, Fp16ScaleIsTheFp32ScaleRoundedUpOnTheFp16Grid) {
+  const std::vector<double> grid = fp16_grid();
+  std::mt19937_64 rng(16);
+  std::uniform_real_distribution<double> mant(1.0, 2.0);
+  std::uniform_int_distribution<int> ex(-40, 40);  // amax 1e-12 .. 1e12: both clamps and the subnormals
+  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8}) {
+    const double qmax = format_qmax(f);
+    uint64_t clamped = 0;
+    for (int i = 0; i < 50000; ++i) {
+      const float amax = static_cast<float>(std::ldexp(mant(rng), ex(rng)));
+      const double s32 = static_cast<double>(amax) / qmax;  // the fp32 policy, before its rounding
+      const float got = quant::scale_for_amax(f, amax, ScaleDtype::kFp16);
+      const double want = fp16_reference(grid, static_cast<double>(quant::scale_for_amax(f, amax)));
+      ASSERT_EQ(static_cast<double>(got), want) << format_name(f) << " amax " << amax;
+      const bool out_of_range = s32 > 65504.0 || static_cast<double>(quant::scale_for_amax(f, amax)) < std::ldexp(1.0, -24);
+      ASSERT_EQ(quant::scale_clamped(f, amax, ScaleDtype::kFp16), out_of_range) << format_name(f) << " amax " << amax;
+      clamped += out_of_range;
+      // Inside fp16's range no value of the row clips: amax / stored scale stays within qmax.
+      if (!out_of_range) {
+        ASSERT_FALSE(quant::clips(f, quant::div_rn(amax, got))) << format_name(f) << " amax " << amax;
+      }
+      // The plane holds it exactly: store then load is the identity.
+      uint16_t cell = 0;
+      cache::store_scale(&cell, 0, got, ScaleDtype::kFp16);
+      ASSERT_EQ(cache::load_scale(&cell, 0, ScaleDtype::kFp16), got);
+    }
+    EXPECT_GT(clamped, 1000u) << "the sweep must reach both clamps";
+    // The bounds themselves and the non-finite / zero rule (scale 1, representable).
+    EXPECT_EQ(quant::scale_for_amax(f, 1e30f, ScaleDtype::kFp16), 65504.f);
+    EXPECT_EQ(quant::scale_for_amax(f, 1e-30f, ScaleDtype::kFp16), quant::kFp16ScaleMin);
+    EXPECT_TRUE(quant::scale_clamped(f, 1e-30f, ScaleDtype::kFp16));
+    for (float a : {0.f, INFINITY, NAN}) {
+      EXPECT_EQ(quant::scale_for_amax(f, a, ScaleDtype::kFp16), 1.f);
+      EXPECT_FALSE(quant::scale_clamped(f, a, ScaleDtype::kFp16));
+    }
+    // fp32 planes are unchanged by the dtype-aware overload.
+    EXPECT_EQ(quant::scale_for_amax(f, 3.f, ScaleDtype::kFp32), quant::scale_for_amax(f, 3.f));
+    EXPECT_FALSE(quant::scale_clamped(f, 1e30f, ScaleDtype::kFp32));
+  }
 }
 
 TEST(ScalePolicy, ElementAndBookkeepingRules) {

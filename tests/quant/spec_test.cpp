@@ -93,6 +93,18 @@ TEST(ParseQuantSpec, AutoResolvesToTheMachineFormat) {
   }
 }
 
+TEST(ParseQuantSpec, Fp16ScaleDtype) {
+  for (const char* name : {"fp16", "float16"}) {
+    QuantOptions o;
+    o.kv_cache_dtype = "int8";
+    o.scale_dtype = name;
+    Result<QuantSpec> r = parse_quant_spec(o);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(r->scale_dtype, ScaleDtype::kFp16);
+    EXPECT_EQ(r->to_string(), "int8/per_token_head/fp16_scales/b16/sink256");
+  }
+}
+
 TEST(ParseQuantSpec, ExplicitValues) {
   QuantOptions o;
   o.kv_cache_dtype = "fp8";
@@ -135,7 +147,6 @@ TEST(ParseQuantSpec, BadValuesFailWithTheirOptionName) {
   cases.push_back({with([](QuantOptions& o) { o.kv_cache_dtype = "fp9"; }), StatusCode::kInvalidArgument, "--kv-cache-dtype"});
   cases.push_back({with([](QuantOptions& o) { o.kv_cache_dtype = "int4_kivi"; }), StatusCode::kUnsupported, "int4_kivi"});
   cases.push_back({with([](QuantOptions& o) { o.granularity = "per_channel"; }), StatusCode::kInvalidArgument, "--kv-scale-granularity"});
-  cases.push_back({with([](QuantOptions& o) { o.scale_dtype = "fp16"; }), StatusCode::kUnsupported, "fp32"});
   cases.push_back({with([](QuantOptions& o) { o.scale_dtype = "bf16"; }), StatusCode::kInvalidArgument, "fp32"});
   cases.push_back({with([](QuantOptions& o) { o.scale_dtype = ""; }), StatusCode::kInvalidArgument, "fp32"});
   for (int bs : {0, 1, 8, 15, 17, 24, 64, -16}) {
@@ -169,6 +180,24 @@ TEST(ParseQuantSpec, Rotation) {
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("none, hadamard"), std::string::npos) << bad.status().message();
+}
+
+TEST(ParseQuantSpec, RecentWindow) {
+  QuantOptions o;
+  o.kv_cache_dtype = "fp8";
+  o.recent_tokens = 128;
+  auto s = parse_quant_spec(o);
+  ASSERT_TRUE(s.is_ok());
+  EXPECT_EQ(s.value().recent_tokens, 128);
+  EXPECT_EQ(s.value().to_string(), "fp8_e4m3/per_token_head/b16/sink256/recent128");
+  o.kv_cache_dtype = "bf16";  // kept, but a no-op for unquantized pages, so not printed
+  EXPECT_EQ(parse_quant_spec(o).value().to_string(), "bf16/b16/sink256");
+  for (int bad : {-1, kMaxSinkTokens + 1}) {
+    o.recent_tokens = bad;
+    auto r = parse_quant_spec(o);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("--kv-recent-tokens"), std::string::npos) << r.status().message();
+  }
 }
 
 TEST(ParseQuantSpec, SinkBounds) {

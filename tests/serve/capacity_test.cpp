@@ -77,5 +77,24 @@ TEST(Capacity, PlansPoolsFromABudget) {
   EXPECT_FALSE(plan_kv_pools(s, g, 1000, 8192, size_t(64) << 20).is_ok());  // sinks alone exceed 64 MiB
 }
 
+// A recent window reserves bf16 twins for every sequence (one window plus one chunk), counted in
+// the budget before the main pages.
+TEST(Capacity, RecentWindowIsReservedFromTheBudget) {
+  const KvGeometry g{"small", 30, 3, 64, 9};
+  QuantSpec s = make(Format::kInt8, ScaleGranularity::kPerTokenHead, 256);
+  const auto without = plan_kv_pools(s, g, 8, 8192, size_t(1) << 30, 64);
+  s.recent_tokens = 128;
+  const auto with = plan_kv_pools(s, g, 8, 8192, size_t(1) << 30, 64);
+  ASSERT_TRUE(with.is_ok() && without.is_ok());
+  // ceil((127 + 64) / 16) + 1 = 13 pages per sequence.
+  EXPECT_EQ(with.value().num_recent_pages, 8 * 13);
+  EXPECT_EQ(with.value().recent_bytes, size_t(8 * 13) * 30 * 2 * 3 * 16 * 64 * 2);
+  EXPECT_LE(with.value().main_bytes + with.value().sink_bytes + with.value().recent_bytes, size_t(1) << 30);
+  EXPECT_LT(with.value().num_pages, without.value().num_pages);
+  EXPECT_EQ(without.value().num_recent_pages, 0);
+  s.format = Format::kBf16;  // no window for bf16 pages
+  EXPECT_EQ(plan_kv_pools(s, g, 8, 8192, size_t(1) << 30, 64).value().num_recent_pages, 0);
+}
+
 }  // namespace
 }  // namespace kvq::serve

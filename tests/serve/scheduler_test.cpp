@@ -229,6 +229,37 @@ TEST(Scheduler, HeldPromptsAreSharedLaterAndGiveWay) {
   EXPECT_LE(c.prefix_cached, 2);
 }
 
+// A bf16 recent window keeps private twins of each sequence's last pages, which a shared prefix
+// cannot carry: sharing and held prompts are off, and every request still gets the tokens it
+// gets alone (the window's semantics do not depend on the batch).
+TEST(Scheduler, RecentWindowTurnsPrefixSharingOff) {
+  QuantSpec s = spec(Format::kFp8E4m3, 32);
+  s.recent_tokens = 48;
+  const std::vector<int32_t> system = prompt_ids(7, 255);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> p = system;
+    const std::vector<int32_t> tail = prompt_ids(70 + i, 20 + 5 * i);
+    p.insert(p.end(), tail.begin() + 1, tail.end());
+    prompts.push_back(p);
+  }
+  SchedulerOptions so;
+  so.prefix_sharing = true;
+  so.prefix_cache_seqs = 2;
+  Harness h(s, 3, 0, 0, so);
+  SamplingParams p;
+  p.max_tokens = 12;
+  std::vector<RequestId> ids;
+  for (const auto& prompt : prompts) ids.push_back(h.add(prompt, p));
+  h.drain();
+  const SchedulerCounters c = h.sched->counters();
+  EXPECT_EQ(c.prefix_hits, 0u);
+  EXPECT_EQ(c.prefix_cached, 0);
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(h.out[ids[i]].tokens, run_alone(s, prompts[i], 12)) << "request " << i;
+  const cache::PagedKvCache& book = h.engine->book();
+  EXPECT_EQ(book.recent_pool().num_free(), book.recent_pool().num_pages()) << "every twin back";
+}
+
 TEST(Scheduler, AdmitsOnlyWhatThePagesHold) {
   // Each request needs ceil((1 + 100 + 1 - 16) / 16) = 6 main pages to be admitted; 13 pages hold 2.
   const QuantSpec s = spec(Format::kInt8, 16);

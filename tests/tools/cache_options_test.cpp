@@ -237,6 +237,31 @@ TEST(CacheOptions, KvConfigReachesTheSpecOfEveryEngineCommand) {
     EXPECT_TRUE(cache_flag_set(cmd).kv_config) << name_of(cmd);
 }
 
+TEST(CacheOptions, RecentWindowReachesTheSpecOfEveryEngineCommand) {
+  for (CacheCommand cmd : kAllCacheCommands) {
+    if (!cache_flag_set(cmd).recent) {
+      EXPECT_FALSE(run(cmd, {{"--kv-recent-tokens", "128"}}).parsed) << name_of(cmd);
+      continue;
+    }
+    const Outcome o = run(cmd, {{"--kv-cache-dtype", "fp8"}, {"--kv-recent-tokens", "128"}});
+    ASSERT_TRUE(o.parsed) << name_of(cmd) << ": " << o.error;
+    ASSERT_EQ(o.error, "") << name_of(cmd);
+    EXPECT_EQ(o.specs[0].to_string(), "fp8_e4m3/per_token_head/b16/sink256/recent128") << name_of(cmd);
+    EXPECT_NE(run(cmd, {{"--kv-recent-tokens", "-1"}}).error.find("--kv-recent-tokens"), std::string::npos);
+  }
+  for (CacheCommand cmd : {CacheCommand::kEval, CacheCommand::kGenerate, CacheCommand::kServe})
+    EXPECT_TRUE(cache_flag_set(cmd).recent) << name_of(cmd);
+  // eval: a per-entry window beside the flag's (none here), so one run compares both.
+  const Outcome e = run(CacheCommand::kEval, {{"--kv-cache-dtype", "fp8,fp8:recent64"}});
+  ASSERT_EQ(e.error, "");
+  ASSERT_EQ(e.specs.size(), 2u);
+  EXPECT_EQ(e.specs[0].recent_tokens, 0);
+  EXPECT_EQ(e.specs[1].recent_tokens, 64);
+  // The benchmarks time the kernels alone: a per-entry window is refused, not ignored.
+  EXPECT_NE(run(CacheCommand::kBenchDecode, {{"--kv-cache-dtype", "fp8:recent64"}}).error.find("per-entry"),
+            std::string::npos);
+}
+
 TEST(CacheOptions, BackendIsValidatedAndStored) {
   for (CacheCommand cmd : kAllCacheCommands) {
     if (!cache_flag_set(cmd).backend) continue;
@@ -260,7 +285,6 @@ const std::vector<Refusal>& refusals() {
       {{{"--kv-cache-dtype", "int4_kivi"}}, "--kv-cache-dtype"},
       {{{"--kv-cache-dtype", ""}}, "--kv-cache-dtype"},
       {{{"--kv-scale-granularity", "per_galaxy"}}, "--kv-scale-granularity"},
-      {{{"--kv-scale-dtype", "fp16"}}, "--kv-scale-dtype"},
       {{{"--kv-scale-dtype", "bf16"}}, "--kv-scale-dtype"},
       {{{"--block-size", "24"}}, "--block-size"},
       {{{"--block-size", "0"}}, "--block-size"},

@@ -39,6 +39,7 @@ CacheFlagSet make_bench_decode() {
   s.lists = true;
   s.defaults.kv_cache_dtype = "bf16,fp8_e4m3,fp8_fnuz,int8";
   s.rotate = false;  // times the attention kernels alone; a rotation would not change them
+  s.recent = false;
   s.kv_config = false;
   s.aliases = {{"--formats", "--kv-cache-dtype"}, {"--granularity", "--kv-scale-granularity"},
                {"--sink", "--kv-sink-tokens"}};
@@ -50,7 +51,7 @@ CacheFlagSet make_bench_write() {
   s.command = "bench write";
   s.lists = true;
   s.sink = false;  // the write benchmark has no sink
-  s.rotate = s.kv_config = false;
+  s.rotate = s.recent = s.kv_config = false;
   s.defaults.kv_cache_dtype = "fp8_e4m3,fp8_fnuz,int8,bf16";
   s.defaults.kv_scale_granularity = "per_token_head,per_block_head";
   s.aliases = {{"--formats", "--kv-cache-dtype"}, {"--granularities", "--kv-scale-granularity"}};
@@ -60,7 +61,7 @@ CacheFlagSet make_bench_write() {
 CacheFlagSet make_report() {
   CacheFlagSet s;
   s.command = "report";
-  s.dtype = s.granularity = s.scale_dtype = s.backend = s.rotate = s.kv_config = false;  // report sweeps every format itself, on the CPU
+  s.dtype = s.granularity = s.scale_dtype = s.backend = s.rotate = s.recent = s.kv_config = false;  // report sweeps every format itself, on the CPU
   s.defaults.sink_tokens = 0;
   s.aliases = {{"--sink", "--kv-sink-tokens"}};
   return s;
@@ -114,7 +115,7 @@ void add_cache_options(CLI::App* app, CacheCliOptions& o, CacheCommand cmd) {
         ->capture_default_str();
   }
   if (set.scale_dtype)
-    app->add_option("--kv-scale-dtype", o.kv_scale_dtype, "type of the stored scales: fp32")->capture_default_str();
+    app->add_option("--kv-scale-dtype", o.kv_scale_dtype, "type of the stored scales: fp32, or fp16 (half the scale bytes; rounded up, see docs/ARCHITECTURE.md)")->capture_default_str();
   if (set.block_size) {
     refuse_empty_number(
         app->add_option("--block-size", o.block_size, "tokens per cache page: 16 or 32")->capture_default_str());
@@ -130,6 +131,12 @@ void add_cache_options(CLI::App* app, CacheCliOptions& o, CacheCommand cmd) {
                     "must be a power of two)")
         ->check(CLI::IsMember(std::vector<std::string>{"none", "hadamard"}))
         ->capture_default_str();
+  }
+  if (set.recent) {
+    refuse_empty_number(app->add_option("--kv-recent-tokens", o.recent_tokens,
+                                        "last R tokens of each sequence attended in bf16 (KIVI's residual "
+                                        "window; quantized dtypes only, 0 disables)")
+                            ->capture_default_str());
   }
   if (set.kv_config) {
     app->add_option("--kv-config", o.kv_config,
@@ -161,6 +168,7 @@ Result<std::vector<eval::SpecRequest>> to_spec_requests(const CacheCliOptions& o
   so.block_size = o.block_size;
   so.sink_tokens = o.sink_tokens;
   so.rotate = o.kv_rotate;
+  so.recent_tokens = o.recent_tokens;
   so.auto_first = auto_first;
   auto reqs = eval::parse_spec_list(so);
   if (!reqs.is_ok() || o.kv_config.empty()) return reqs;
@@ -204,6 +212,7 @@ Result<QuantSpec> to_quant_spec(const CacheCliOptions& o, Format auto_format) {
   qo.block_size = r.spec.block_size;
   qo.sink_tokens = r.spec.sink_tokens;
   qo.rotate = rotation_name(r.spec.rotation);
+  qo.recent_tokens = r.spec.recent_tokens;
   return parse_quant_spec(qo, auto_format);
 }
 
@@ -247,7 +256,7 @@ Result<CacheGrid> to_cache_grid(const CacheCliOptions& o, CacheCommand cmd) {
     if (r.is_auto)
       return invalid_argument("--kv-cache-dtype auto is for eval and generate; the benchmarks time named dtypes "
                               "(bf16, fp16, fp8, fp8_fnuz, int8)");
-    if (r.spec.block_size != o.block_size || r.spec.sink_tokens != o.sink_tokens)
+    if (r.spec.block_size != o.block_size || r.spec.sink_tokens != o.sink_tokens || r.spec.recent_tokens != 0)
       return invalid_argument("--kv-cache-dtype entry '" + r.label +
                               "': per-entry options are for kvq eval; set --block-size and --kv-sink-tokens");
     if (std::find(g.formats.begin(), g.formats.end(), r.spec.format) == g.formats.end()) {

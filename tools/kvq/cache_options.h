@@ -10,6 +10,7 @@
 //   --block-size            16|32
 //   --kv-sink-tokens        N (0 disables)
 //   --kv-rotate             none|hadamard (eval, generate, serve: the commands that run the engine)
+//   --kv-recent-tokens      R: the last R tokens attended in bf16, 0 disables (eval, generate, serve)
 //   --kv-config             FILE: per-layer, per-K/V dtypes (quant/layer_config.h; eval, generate, serve).
 //                           generate and serve use it in place of --kv-cache-dtype; eval adds it to
 //                           the specs it compares (label "kv-config")
@@ -46,6 +47,7 @@ struct CacheCliOptions {
   int block_size = 16;
   int sink_tokens = 256;
   std::string kv_rotate = "none";
+  int recent_tokens = 0;
   std::string kv_config;  // "" = none
   std::string backend = "auto";  // validated: cpu | cuda | auto
 };
@@ -57,6 +59,7 @@ struct CacheFlagSet {
   const char* command = "";  // as typed after `kvq`: "eval", "bench decode"
   bool dtype = true, granularity = true, scale_dtype = true, block_size = true, sink = true, backend = true;
   bool rotate = true;  // only commands whose cache goes through the engine (the rotation is an engine step)
+  bool recent = true;  // likewise: the window needs the engine's bf16 recent pages
   bool kv_config = true;  // likewise: per-layer formats need the engine's per-layer geometry
   bool lists = false;
   CacheCliOptions defaults;

@@ -22,6 +22,7 @@ struct CapacityCli {
   double budget_gib = 0;
   std::string specs = "bf16,fp8_e4m3,fp8_fnuz,int8";
   std::string granularity = "per_token_head";
+  std::string scale_dtype = "fp32";
   int block_size = 16, sink = 256;
   std::string json_out, md_out;
 };
@@ -56,9 +57,20 @@ int run_capacity(const CapacityCli& o) {
     g = serve::KvGeometry{"custom", o.layers, o.kv_heads, o.head_dim, o.q_heads};
   }
   std::vector<QuantSpec> specs;
-  for (const std::string& d : split(o.specs)) {
+  for (const std::string& item : split(o.specs)) {
+    // "int8:fp16_scales" (eval's spelling) overrides --kv-scale-dtype for that entry, so one table
+    // can set fp32 and fp16 scales side by side.
+    const size_t colon = item.find(':');
     QuantOptions q;
-    q.kv_cache_dtype = d;
+    q.kv_cache_dtype = item.substr(0, colon);
+    q.scale_dtype = o.scale_dtype;
+    if (colon != std::string::npos) {
+      const std::string opt = item.substr(colon + 1);
+      if (opt != "fp16_scales" && opt != "fp32_scales")
+        return fail(invalid_argument("--specs entry '" + item + "': unknown option '" + opt +
+                                     "'; accepted: fp16_scales, fp32_scales"));
+      q.scale_dtype = opt.substr(0, 4);
+    }
     q.granularity = o.granularity;
     q.block_size = o.block_size;
     q.sink_tokens = o.sink;
@@ -102,7 +114,10 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   sub->add_option("--q-heads", o->q_heads, "Query heads (informational)")->capture_default_str();
   sub->add_option("--tokens", o->tokens, "Sequence length")->capture_default_str()->check(CLI::Range(1LL, 1LL << 30));
   sub->add_option("--kv-cache-memory", o->budget_gib, "KV budget in GiB: how many such sequences fit");
-  sub->add_option("--specs", o->specs, "Comma-separated --kv-cache-dtype values; the first is the baseline")
+  sub->add_option("--specs", o->specs, "Comma-separated --kv-cache-dtype values, each optionally with :fp16_scales or "
+                  ":fp32_scales (e.g. int8:fp16_scales); the first is the baseline")
+      ->capture_default_str();
+  sub->add_option("--kv-scale-dtype", o->scale_dtype, "Scale dtype of entries without :fp16_scales / :fp32_scales (fp32|fp16)")
       ->capture_default_str();
   sub->add_option("--kv-scale-granularity", o->granularity, "per_token_head|per_block_head|per_tensor")->capture_default_str();
   sub->add_option("--block-size", o->block_size, "Tokens per page (16 or 32)")->capture_default_str();

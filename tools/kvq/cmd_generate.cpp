@@ -135,6 +135,9 @@ int run_generate(const GenerateOptions& o) {
   std::fprintf(stderr, "kv cache: %d pages + %d sink pages in use; planes %.2f MiB codes, %.2f MiB scales, %.2f MiB sink\n",
                mem.pages_used, mem.sink_pages_used, codes / mib, scales / mib,
                2.0 * g.num_layers * g.sink_plane_bytes() / mib);
+  if (g.recent_tokens > 0)
+    std::fprintf(stderr, "kv cache: bf16 recent window of %d tokens: %d pages in use, planes %.2f MiB\n",
+                 g.recent_tokens, mem.recent_pages_used, 2.0 * g.num_layers * g.recent_plane_bytes() / mib);
   return 0;
 }
 

@@ -119,10 +119,12 @@ int run_serve(const ServeCli& o) {
   }
   if (budget_gib > 0) {
     const serve::KvGeometry g{c.name, c.n_layers, c.n_kv_heads, c.head_dim, c.n_heads};
-    auto pools = serve::plan_kv_pools(spec.value(), g, o.max_seqs, ctx, static_cast<size_t>(budget_gib * double(1 << 30)));
+    auto pools = serve::plan_kv_pools(spec.value(), g, o.max_seqs, ctx, static_cast<size_t>(budget_gib * double(1 << 30)),
+                                      o.chunk_tokens);
     if (!pools.is_ok()) return fail(pools.status());
     eo.num_pages = pools.value().num_pages;
     eo.num_sink_pages = pools.value().num_sink_pages;
+    eo.num_recent_pages = pools.value().num_recent_pages;
   }
   auto engine = model::Engine::create(mod, spec.value(), be, eo);
   if (!engine.is_ok())  // name the flags that sized what the engine refused

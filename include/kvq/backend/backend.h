@@ -190,6 +190,11 @@ struct CacheWriteArgs {
   const float* v = nullptr;
   int rows = 0;
   const int32_t* slot_mapping = nullptr;  // [rows]
+  // [rows] (backend memory), with a bf16 recent window (geometry.recent_tokens > 0): the row's slot
+  // in its main page's bf16 twin (cache::encode_main_slot over PagedKvCache::recent_table), -1 for a
+  // row without one (sink tokens, released twins). Backends whose planes the host cache does not
+  // hold store the twin copy there; the CPU backend's host cache writes twins itself.
+  const int32_t* recent_slot_mapping = nullptr;
 };
 
 // Attention over the paged cache as stored (attention/args.h): DecodeArgs and PrefillArgs with

@@ -6,21 +6,29 @@
 //   codes  [num_pages][num_kv_heads][block_size][head_dim]   elements of `format` (head-major);
 //          int4 packs two per byte (element 2i in the low nibble), so a row is head_dim / 2 bytes.
 //          Always address codes through code_offset / row_code_bytes, never elem_index * bytes.
-//   scales plane, separate and 128-byte aligned:
-//     per_token_head: [num_pages][num_kv_heads][block_size] fp32
-//     per_block_head: [num_pages][num_kv_heads]             fp32
-//     per_tensor:     [1]                                   fp32 (0 until the first write)
+//   scales plane, separate and 128-byte aligned, elements of the spec's scale dtype (fp32, or fp16
+//   bits; quant/policy.h says how an fp16 scale is chosen); read and written only through
+//   load_scale / store_scale below:
+//     per_token_head: [num_pages][num_kv_heads][block_size]
+//     per_block_head: [num_pages][num_kv_heads]
+//     per_tensor:     [1]                       (0 until the first write)
 //     bf16/fp16:      none
 //   sink   [num_sink_pages][num_kv_heads][block_size][head_dim] bf16
 //   outliers (int4_outlier only): [num_pages][num_kv_heads][1 + outlier_capacity] uint32: a count,
 //          then that many sparse entries (quant/outlier.h: slot * head_dim + channel, fp16 value)
+//   recent [num_recent_pages][num_kv_heads][block_size][head_dim] bf16 (bf16 recent window)
 // One block table per sequence is shared by all layers: page p is page p in every layer's pool.
 // Token t of a sequence lives in the sink when t < sink_len (sink page sink_table[t / bs]),
 // otherwise at u = t - sink_len in page block_table[u / bs], slot u % bs.
+// Recent window (recent_tokens R > 0): main page block_table[b] may have a bf16 twin
+// recent_table[b] (same slots; -1 once the page has left the window). A query at position q reads
+// key t >= sink_len from the twin iff t >= q + 1 - R (uses_recent), otherwise from the codes.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "kvq/common/macros.h"
+#include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
 #include "kvq/quant/outlier.h"
 #include "kvq/quant/spec.h"
@@ -38,9 +46,12 @@ struct CacheGeometry {
   int block_size = 16;
   int num_pages = 0;       // quantized pages per layer (the main pool)
   int num_sink_pages = 0;  // bf16 sink pages per layer
+  int num_recent_pages = 0;  // bf16 recent-window pages per layer
+  int recent_tokens = 0;     // R of the recent window (0 = off; always 0 for unquantized formats)
   Format format = Format::kBf16;
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   int outlier_capacity = 0;  // sparse entries per page head (int4_outlier); 0: no outlier plane
+  ScaleDtype scale_dtype = ScaleDtype::kFp32;
   // One layer of a per-layer mix (QuantSpec::plane_formats) may store V in another format than K:
   // then mixed_kv is set, `format` is K's and v_format V's. The size and index functions below
   // describe one plane of `format`; code that reads both planes asks plane(kv) for each.
@@ -71,7 +82,8 @@ struct CacheGeometry {
   // Bytes of one (token, head) row of codes.
   KVQ_HD size_t row_code_bytes() const { return static_cast<size_t>(head_dim) * format_bits(format) / 8; }
   KVQ_HD bool has_scales() const { return is_quantized(format); }
-  // Number of fp32 scales per page (0 for per_tensor and unquantized formats).
+  KVQ_HD size_t scale_bytes() const { return scale_dtype == ScaleDtype::kFp16 ? 2 : 4; }
+  // Number of scales per page (0 for per_tensor and unquantized formats).
   KVQ_HD size_t scales_per_page() const {
     if (!has_scales()) return 0;
     switch (granularity) {
@@ -93,7 +105,7 @@ struct CacheGeometry {
   KVQ_HD size_t scale_plane_bytes() const {
     if (!has_scales()) return 0;
     size_t n = granularity == ScaleGranularity::kPerTensor ? 1 : scales_per_page() * num_pages;
-    return align_up(n * sizeof(float), kPlaneAlignment);
+    return align_up(n * scale_bytes(), kPlaneAlignment);
   }
   // Outlier plane: (1 + capacity) words per page head, the count first.
   KVQ_HD size_t outlier_words_per_page() const {
@@ -109,7 +121,58 @@ struct CacheGeometry {
   KVQ_HD size_t sink_plane_bytes() const {
     return align_up(bytes_per_sink_page() * num_sink_pages, kPlaneAlignment);
   }
+  KVQ_HD size_t recent_plane_bytes() const {
+    return align_up(bytes_per_sink_page() * num_recent_pages, kPlaneAlignment);
+  }
 };
+
+// Whether a query at position `q_pos` reads main-pool key `key_pos` from its bf16 recent twin.
+KVQ_HD bool uses_recent(int key_pos, int q_pos, int recent_tokens) {
+  return recent_tokens > 0 && key_pos >= q_pos + 1 - recent_tokens;
+}
+// The first main-part index u (key position sink_len + u) that a query at `q_pos` reads in bf16;
+// main_len when none (the window is off or lies inside the sink).
+KVQ_HD int recent_first_main(int q_pos, int sink_len, int main_len, int recent_tokens) {
+  if (recent_tokens <= 0) return main_len;
+  const int u = q_pos + 1 - recent_tokens - sink_len;
+  return u < 0 ? 0 : (u > main_len ? main_len : u);
+}
+// Element i of a scale plane of dtype d, widened to float. fp16 planes hold the bits of values
+// quant::stored_scale made exactly representable, so store then load returns the same float.
+// The host copies bytes (its planes are float storage whatever the dtype: no type punning).
+KVQ_HD float load_scale(const void* plane, size_t i, ScaleDtype d) {
+#if defined(__CUDA_ARCH__)
+  if (d == ScaleDtype::kFp16) return format::fp16_to_float(static_cast<const uint16_t*>(plane)[i]);
+  return static_cast<const float*>(plane)[i];
+#else
+  const auto* b = static_cast<const unsigned char*>(plane);
+  if (d == ScaleDtype::kFp16) {
+    uint16_t h;
+    std::memcpy(&h, b + i * 2, 2);
+    return format::fp16_to_float(h);
+  }
+  float f;
+  std::memcpy(&f, b + i * 4, 4);
+  return f;
+#endif
+}
+KVQ_HD void store_scale(void* plane, size_t i, float s, ScaleDtype d) {
+#if defined(__CUDA_ARCH__)
+  if (d == ScaleDtype::kFp16) {
+    static_cast<uint16_t*>(plane)[i] = format::float_to_fp16(s);
+  } else {
+    static_cast<float*>(plane)[i] = s;
+  }
+#else
+  auto* b = static_cast<unsigned char*>(plane);
+  if (d == ScaleDtype::kFp16) {
+    const uint16_t h = format::float_to_fp16(s);
+    std::memcpy(b + i * 2, &h, 2);
+  } else {
+    std::memcpy(b + i * 4, &s, 4);
+  }
+#endif
+}
 
 // Destination of one token row in a cache write (backend::CacheWriteArgs::slot_mapping): a main
 // pool slot is page * block_size + slot (>= 0), a bf16 sink slot -(sink_page * block_size + slot) - 1.
@@ -134,12 +197,14 @@ KVQ_HD int slot_in_page(int32_t s, int block_size) { return (s < 0 ? -s - 1 : s)
 struct LayerView {
   uint8_t* k_codes = nullptr;
   uint8_t* v_codes = nullptr;
-  float* k_scales = nullptr;  // null when the format has no scales
-  float* v_scales = nullptr;
+  void* k_scales = nullptr;  // geometry's scale_dtype (load_scale / store_scale); null when unscaled
+  void* v_scales = nullptr;
   uint16_t* k_sink = nullptr;  // bf16 bits; null when the cache has no sink pages
   uint16_t* v_sink = nullptr;
   uint32_t* k_outliers = nullptr;  // null unless the geometry has an outlier plane
   uint32_t* v_outliers = nullptr;
+  uint16_t* k_recent = nullptr;  // bf16 bits; null when the cache has no recent window
+  uint16_t* v_recent = nullptr;
 };
 
 // Sparse entries per page head that a spec asks for (int4_outlier), 0 for every other spec.
@@ -156,6 +221,9 @@ struct BatchTablesView {
   int max_blocks = 0;
   const int32_t* sink_tables = nullptr;   // [num_seqs][max_sink_blocks]
   int max_sink_blocks = 0;
+  // [num_seqs][max_blocks], column b the bf16 twin of block_tables' column b (-1: none). Needed
+  // when geometry.recent_tokens > 0, ignored otherwise.
+  const int32_t* recent_tables = nullptr;
 };
 
 // Memory accounting of the main (quantized) pool. Shapes are assumed valid (PagedKvCache::create
@@ -165,13 +233,13 @@ struct BatchTablesView {
 // Exact bytes of one page index across all layers, K and V: codes plus scales (plus the outlier
 // plane of int4_outlier: 4 * num_kv_heads * (1 + block_size) more per layer and K/V), summed over the
 // 2 * num_layers planes (each with its own format when spec.mixed()), each
-//   num_kv_heads * block_size * head_dim * bits / 8 + scales_per_page * 4
+//   num_kv_heads * block_size * head_dim * bits / 8 + scales_per_page * scale bytes
 // with scales_per_page = num_kv_heads * block_size (per_token_head), num_kv_heads
 // (per_block_head), 0 (per_tensor: one scale per layer, a constant; bf16/fp16: none).
 size_t bytes_per_page(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);
 // Bytes of KV per token across all layers, K and V, scale metadata included:
 // bytes_per_page / block_size, rounded up. The division is exact except for per_block_head when
-// 8 * num_layers * num_kv_heads is not a multiple of block_size (the per-page scales do not split
+// 2 * scale bytes * num_layers * num_kv_heads is not a multiple of block_size (the per-page scales do not split
 // into whole bytes per token); use bytes_per_page for exact totals.
 size_t bytes_per_token(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);
 // Tokens that fit in `bytes` of page memory with this spec (whole pages only):

@@ -21,7 +21,19 @@
 //       heads separately); an old token may thus carry one rounding per growth event;
 //     per_tensor: fixed per layer (K and V apart) by the first write that reaches the quantized
 //       pages (its amax / qmax); later larger values saturate (QuantStats::saturated).
+//   With fp16 scales (spec.scale_dtype) each is rounded up to fp16 and the codes divide by the
+//   rounded value (quant/policy.h); out-of-range scales are clamped and counted (scale_clamped).
 // - Non-finite inputs are stored as 0 and counted (QuantStats::nonfinite), in the sink as well.
+// - Recent window (spec.recent_tokens R > 0, quantized formats): every main page gets a private
+//   bf16 twin page from the recent pool when it is allocated; write() stores each main token's
+//   codes as always and its bf16 copy in the twin. extend() releases the twins of pages that lie
+//   wholly before the window of every query still to come (positions < len + 1 - R at the time of
+//   the extend), so after extend(seq, n) from length L the twins hold at least [L + 1 - R, L + n):
+//   what the queries of that chunk read in bf16 (layout.h's uses_recent). A full recent pool makes
+//   extend() fail with kOutOfMemory (the window is never silently shortened). Twins are private:
+//   fork() copies them; share_prefix() refuses a cache with a window (the child would need bf16
+//   copies its donor may have released); truncate() refuses to cut into a window whose twins are
+//   gone. per_block_head codes are written and grown exactly as without the window.
 // - Sequence ids are small integers; a freed id is reused by a later add_sequence()/fork().
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +59,9 @@ struct CacheConfig {
   QuantSpec spec;
   int num_pages = 0;       // main pool, per layer
   int num_sink_pages = 0;  // bf16 sink pool, per layer (0 allowed when spec.sink_tokens == 0)
+  // bf16 recent-window pool, per layer; used only when spec.recent_tokens > 0 and the format is
+  // quantized, and then at least recent_pages_per_sequence(R, 1, block) (one decoding sequence).
+  int num_recent_pages = 0;
   // false: bookkeeping only (sequences, block tables, pools) for a backend that keeps the planes in
   // its own memory (backend::CacheStorage). Such a cache allocates no planes; write(), read_token()
   // and page copies (fork, copy on write) return kUnsupported; layer_view() is all-null.
@@ -54,17 +69,21 @@ struct CacheConfig {
 };
 
 struct MemoryReport {
-  size_t code_bytes = 0, scale_bytes = 0, sink_bytes = 0;  // allocated planes, all layers, K+V
-  size_t outlier_bytes = 0;                                  // int4_outlier's sparse planes
-  int pages_used = 0, sink_pages_used = 0;
+  size_t code_bytes = 0, scale_bytes = 0, sink_bytes = 0, recent_bytes = 0;  // planes, all layers, K+V
+  size_t outlier_bytes = 0;                                                   // int4_outlier's sparse planes
+  int pages_used = 0, sink_pages_used = 0, recent_pages_used = 0;
 };
 
 class PagedKvCache {
  public:
   // Validates with clear errors: num_layers >= 1, num_kv_heads >= 1, head_dim 8..256 and a
-  // multiple of 8, block 16|32, num_pages >= 1, the sink rule above, no int4 (kUnsupported), fp32
-  // scales. kOutOfMemory when the planes cannot be allocated. All planes start zeroed.
+  // multiple of 8, block 16|32, num_pages >= 1, the sink rule above, no int4 (kUnsupported). kOutOfMemory when the planes cannot be allocated. All planes start zeroed.
   static Result<std::unique_ptr<PagedKvCache>> create(const CacheConfig& cfg);
+
+  // Recent pages one sequence holds at most while it appends `chunk` tokens per extend() with a
+  // window of R tokens (R - 1 older tokens plus the chunk, unaligned): ceil((R - 1 + chunk) / bs) + 1;
+  // 0 when R is 0.
+  static int recent_pages_per_sequence(int recent_tokens, int chunk, int block_size);
 
   // The cache as a whole (pools, shapes; `format` is spec.format). With a per-layer mix
   // (QuantSpec::plane_formats) the planes of layer l follow layer_geometry(l) instead, which the
@@ -125,9 +144,15 @@ class PagedKvCache {
   int written(SeqId seq, int layer) const;  // tokens [0, written) of that layer hold data
   const std::vector<int32_t>& block_table(SeqId seq) const;
   const std::vector<int32_t>& sink_table(SeqId seq) const;
+  // The bf16 twins of block_table(seq), entry by entry (-1: released or no window). Empty without
+  // a window.
+  const std::vector<int32_t>& recent_table(SeqId seq) const;
   // Where a cache write puts token `pos` of `seq` (layout.h's position_slot over its tables). The
   // sequence must exist and extend() must have reserved `pos`.
   int32_t slot_of(SeqId seq, int pos) const;
+  // Where a cache write puts the bf16 twin copy of token `pos` (encode_main_slot in the recent
+  // pool), or -1: no window, a sink token, a released twin, or an unknown sequence / position.
+  int32_t recent_slot_of(SeqId seq, int pos) const;
   bool has_sequence(SeqId seq) const;
 
   // All-null view for a layer out of range.
@@ -135,7 +160,7 @@ class PagedKvCache {
   // Padded tables for a batch; the returned object owns the arrays the view points into. An
   // unknown id gets length 0 and a row of -1.
   struct BatchTables {
-    std::vector<int32_t> seq_lens, sink_lens, block_tables, sink_tables;
+    std::vector<int32_t> seq_lens, sink_lens, block_tables, sink_tables, recent_tables;
     int max_blocks = 0, max_sink_blocks = 0;
     BatchTablesView view() const;
   };
@@ -143,18 +168,24 @@ class PagedKvCache {
 
   const BlockPool& pool() const { return pool_; }
   const BlockPool& sink_pool() const { return sink_pool_; }
+  const BlockPool& recent_pool() const { return recent_pool_; }
   MemoryReport memory_report() const;
   const quant::QuantStats& stats() const { return stats_; }
 
   // Raw planes for upload to a device mirror and for canary checks in tests. Each starts on a
   // 128-byte boundary and its size() covers the padded plane of layout.h (code_plane_bytes()
-  // bytes, scale_plane_bytes() / 4 floats, sink_plane_bytes() / 2 bf16 values); unused ones are
-  // empty. The per_tensor scale of a layer is scales[0], 0 until set.
+  // bytes, scale_plane_bytes() / 4 words, sink_plane_bytes() / 2 and recent_plane_bytes() / 2 bf16
+  // values); unused ones are empty. The scale planes are storage in 4-byte words whatever the scale
+  // dtype (fp16 planes hold two scales a word): index them with load_scale / store_scale (layout.h),
+  // not [] unless the spec's scales are fp32. The per_tensor scale of a layer is element 0, 0 until set.
   struct Planes {
     AlignedVector<uint8_t> k_codes, v_codes;
     AlignedVector<float> k_scales, v_scales;
     AlignedVector<uint16_t> k_sink, v_sink;
     AlignedVector<uint32_t> k_outliers, v_outliers;  // empty unless int4_outlier
+    AlignedVector<uint16_t> k_recent, v_recent;
+    uint8_t* k_scale_bytes() { return reinterpret_cast<uint8_t*>(k_scales.data()); }
+    uint8_t* v_scale_bytes() { return reinterpret_cast<uint8_t*>(v_scales.data()); }
   };
   // layer in [0, num_layers); empty planes when the cache holds none (host_planes false).
   const Planes& planes(int layer) const;
@@ -171,11 +202,19 @@ class PagedKvCache {
     int len = 0;
     int sink_capacity = 0;  // tokens this sequence keeps in the sink
     std::vector<int32_t> blocks, sink_blocks;
+    std::vector<int32_t> recent_blocks;  // twins of `blocks` (-1: none); empty without a window
     std::vector<int> written;  // per layer
   };
   Status check_seq(SeqId seq) const;
   Status check_layer(int layer) const;
   Status copy_page(bool sink, int32_t from, int32_t to);
+  Status copy_recent_page(int32_t from, int32_t to);
+  int recent_tokens() const { return geom_.recent_tokens; }
+  // Twins of `s` whose main page lies wholly before position `first_needed` (no query to come reads
+  // them in bf16). This is where a page leaves the window: a format that re-encodes a page once it
+  // is final (int4_kivi's per-channel K) hooks in at release_recent_before().
+  int recent_releasable(const Sequence& s, int first_needed) const;
+  Status release_recent_before(Sequence& s, int first_needed);
   // Shared pages (refcount > 1) among table entries [first, last] of the main or sink table, and
   // their replacement by private copies (the caller has checked that enough pages are free).
   int shared_pages(const Sequence& s, bool sink, int first_block, int last_block) const;
@@ -187,12 +226,15 @@ class PagedKvCache {
                           const std::function<const float*(int)>& row);
   SeqId new_sequence_id();
   CacheGeometry plane_geom(int layer, int kv) const { return layer_geom_[static_cast<size_t>(layer)].plane(kv); }
+  // per_tensor: stores layer plane `kv`'s scale for this amax in format `f` (policy.h, the spec's
+  // scale dtype).
+  void set_tensor_scale(Planes& pl, int kv, Format f, float amax);
   float* block_amax(int layer, int kv, int32_t page, int head);
 
   CacheConfig cfg_;
   CacheGeometry geom_;
   std::vector<CacheGeometry> layer_geom_;  // [layer]: its K format, V format (mixed_kv when they differ)
-  BlockPool pool_, sink_pool_;
+  BlockPool pool_, sink_pool_, recent_pool_;
   std::vector<Planes> layers_;
   std::vector<Sequence> seqs_;
   quant::QuantStats stats_;

@@ -2,8 +2,8 @@
 // The list of cache specs one `kvq eval` compares, from vLLM-style options:
 //   --kv-cache-dtype bf16,fp8,fp8_fnuz,int8,fp8:per_tensor,auto  --kv-scale-granularity g1,g2
 // An entry may carry its own options after colons, in any order: a granularity name, `sinkN`
-// (bf16 sink tokens), `bN` (block size) and a rotation (`hadamard`, `none`), e.g.
-// `int8:per_block_head:sink0` or `int8:hadamard`. Entries without an
+// (bf16 sink tokens), `recentN` (bf16 recent window), `bN` (block size) and a rotation (`hadamard`,
+// `none`), e.g. `int8:per_block_head:sink0`, `fp8:recent128` or `int8:hadamard`. Entries without an
 // inline granularity are expanded over every --kv-scale-granularity value.
 #include <string>
 #include <vector>
@@ -27,6 +27,7 @@ struct SpecListOptions {
   int block_size = 16;
   int sink_tokens = 256;
   std::string rotate = "none";  // --kv-rotate: every entry's rotation unless the entry names one
+  int recent_tokens = 0;        // --kv-recent-tokens: every entry's window unless the entry names one
   Format auto_first = Format::kFp8E4m3;  // where auto's fallback chain starts
 };
 

@@ -26,6 +26,9 @@ struct EngineOptions {
   int max_tokens = 0;       // tokens per sequence; 0 = the model's context; at most the model's context
   int num_pages = 0;        // main pool pages; 0 = enough for max_seqs full sequences
   int num_sink_pages = 0;   // bf16 sink pool pages; 0 = one full sink per sequence (max_seqs sinks)
+  // bf16 recent-window pool pages (QuantSpec::recent_tokens > 0); 0 = one window plus one chunk per
+  // sequence (cache::PagedKvCache::recent_pages_per_sequence) for max_seqs sequences.
+  int num_recent_pages = 0;
   int chunk_tokens = 128;   // prefill chunk per sequence and step (bounds scratch memory)
   int max_step_tokens = 0;  // rows per step over all sequences; 0 = chunk_tokens * min(max_seqs, 8)
   WeightsDType weights = WeightsDType::kAuto;

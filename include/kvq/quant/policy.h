@@ -9,6 +9,17 @@
 //   scale       amax / qmax (format_traits(f).qmax); an all-zero (or empty) input gets 1, and the
 //               scale is never below FLT_MIN, so x / scale stays finite and no plane holds denormals.
 //   per_token_head  one scale per (token, head) from that row's amax.
+//   scale dtype fp32 stores that scale. fp16 (DESIGN §3; --kv-scale-dtype fp16) stores the smallest
+//               fp16 value >= it, and codes are computed by dividing by exactly that stored value, so
+//               code * stored scale is the dequantization on every reader. Rounding *up* (never to
+//               nearest) keeps amax / stored <= amax / fp32 scale: a row never clips because its scale
+//               was rounded; it only loses < 2^-10 of its code range. Out of fp16's range: an fp32
+//               scale above 65504 is clamped to 65504 (the row's large values then saturate and are
+//               counted in QuantStats::saturated, as per_tensor's are) and one below fp16's smallest
+//               subnormal 2^-24 is raised to 2^-24 (codes then use less of their range: the row's
+//               values are all below ~3e-6 * qmax); both are counted in QuantStats::scale_clamped.
+//               Scales between 2^-24 and 2^-14 are fp16 subnormals: still rounded up, with fewer
+//               significant bits, so such (tiny) rows lose more code range but never clip.
 //   per_block_head  a page head's scale comes from the amax of the first run written into it; a
 //               later run grows it only when its exact amax exceeds the page head's recorded amax
 //               (deciding on the scale alone goes wrong when an all-zero page, scale 1, gets its
@@ -23,7 +34,9 @@
 #include <cstdint>
 
 #include "kvq/common/macros.h"
+#include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
+#include "kvq/quant/spec.h"
 
 namespace kvq::quant {
 
@@ -64,6 +77,30 @@ KVQ_HD float scale_for_amax(Format f, float amax) {
   if (!is_quantized(f) || !(amax > 0.f) || !is_finite_value(amax)) return 1.0f;
   const float s = div_rn(amax, format_qmax(f));
   return s < FLT_MIN ? FLT_MIN : s;
+}
+
+inline constexpr float kFp16ScaleMax = 65504.f;
+inline constexpr float kFp16ScaleMin = 5.9604644775390625e-8f;  // 2^-24, the smallest fp16 subnormal
+
+// The smallest fp16 value >= s (s finite and > 0), clamped to [2^-24, 65504], widened to float.
+KVQ_HD float fp16_scale_up(float s) {
+  if (!(s < kFp16ScaleMax)) return kFp16ScaleMax;
+  if (s <= kFp16ScaleMin) return kFp16ScaleMin;
+  uint16_t h = format::float_to_fp16(s);  // nearest; one step up when that fell below s
+  if (format::fp16_to_float(h) < s) ++h;  // positive halves are ordered like their bits
+  return format::fp16_to_float(h);
+}
+
+// The scale as stored in a plane of dtype d (and as every code is computed against).
+KVQ_HD float stored_scale(float s, ScaleDtype d) { return d == ScaleDtype::kFp16 ? fp16_scale_up(s) : s; }
+
+KVQ_HD float scale_for_amax(Format f, float amax, ScaleDtype d) { return stored_scale(scale_for_amax(f, amax), d); }
+
+// Whether scale_for_amax(f, amax, d) had to clamp to fp16's range (QuantStats::scale_clamped).
+KVQ_HD bool scale_clamped(Format f, float amax, ScaleDtype d) {
+  if (d != ScaleDtype::kFp16) return false;
+  const float s = scale_for_amax(f, amax);
+  return s > kFp16ScaleMax || s < kFp16ScaleMin;
 }
 
 // per_block_head: does a run with exact amax `run_amax` grow the page head whose recorded amax is

@@ -26,9 +26,10 @@ struct QuantStats {
   uint64_t requantized_page_heads = 0;  // per_block_head growth events
   uint64_t outliers = 0;          // int4_outlier: values kept as sparse fp16 entries
   uint64_t outlier_overflow = 0;  // int4_outlier: candidates beyond a row's share, left as int4 values
+  uint64_t scale_clamped = 0;     // fp16 scales clamped to [2^-24, 65504] (policy.h), K and V apart
   void merge(const QuantStats& o) {
     values += o.values; nonfinite += o.nonfinite; saturated += o.saturated;
-    requantized_page_heads += o.requantized_page_heads;
+    requantized_page_heads += o.requantized_page_heads; scale_clamped += o.scale_clamped;
     outliers += o.outliers; outlier_overflow += o.outlier_overflow;
   }
 };

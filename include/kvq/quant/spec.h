@@ -15,7 +15,8 @@ enum class ScaleGranularity : uint8_t {
   kPerBlockHead,  // one scale per (page, kv head); grows (re-quantizing the page head) on demand
 };
 
-enum class ScaleDtype : uint8_t { kFp32, kFp16 };  // fp16 scales: parsed, refused (kUnsupported)
+// Type of the stored scales: fp16 halves the scale bytes (quant/policy.h: rounded up, clamped).
+enum class ScaleDtype : uint8_t { kFp32, kFp16 };
 
 // A fixed orthogonal transform applied per head to K (before it is quantized) and to Q (so q·k is
 // unchanged up to rounding); V is stored as is. Hadamard spreads a few large K channels over all
@@ -45,6 +46,10 @@ struct QuantSpec {
   std::vector<Format> plane_formats;
   // int4_outlier: int4 per_token_head codes plus a per-page sparse fp16 plane (quant/outlier.h).
   bool outliers = false;
+  // The last R tokens of each sequence are attended in bf16 (KIVI's residual window): a query at
+  // position t reads key j from a bf16 copy iff j >= t + 1 - R, else from the stored codes. 0 = off;
+  // a no-op for unquantized formats (0 ..= kMaxSinkTokens).
+  int recent_tokens = 0;
 
   bool mixed() const { return !plane_formats.empty(); }
   Format plane_format(int layer, int kv) const {
@@ -53,7 +58,8 @@ struct QuantSpec {
   // Whether any plane is quantized (has scales).
   bool quantized() const;
   // e.g. "fp8_e4m3/per_token_head/b16/sink256"; unquantized formats omit the granularity
-  // ("bf16/b16/sink0"); a rotation is appended ("int8/per_token_head/b16/sink256/hadamard").
+  // ("bf16/b16/sink0"); a recent window of a quantized format and a rotation are appended
+  // ("int8/per_token_head/b16/sink256/recent128/hadamard").
   // A per-layer mix shows as "mixed:<planes>x<fnv32 of the formats, hex>" in place of the format,
   // e.g. "mixed:60x1a2b3c4d/per_token_head/b16/sink256".
   std::string to_string() const;
@@ -71,6 +77,7 @@ struct QuantOptions {
   int block_size = 16;
   int sink_tokens = 256;
   std::string rotate = "none";  // none | hadamard
+  int recent_tokens = 0;        // --kv-recent-tokens
 };
 
 // `auto_format` is what `auto` resolves to on this machine (see hardware probe, DESIGN §7).
@@ -79,8 +86,8 @@ struct QuantOptions {
 //                   fp8_fnuz (== fp8_e4m3_fnuz, AMD) | int8 | int4 | int4_outlier (int4 + outliers,
 //                   per_token_head only);  int4_kivi, fp8_e5m2 -> kUnsupported
 //   granularity:    per_tensor | per_token_head | per_block_head
-//   scale_dtype:    fp32 (float32);  fp16 -> kUnsupported
-//   block_size:     16 | 32;   sink_tokens: 0 ..= kMaxSinkTokens;   rotate: none | hadamard
+//   scale_dtype:    fp32 (float32) | fp16 (float16)
+//   block_size:     16 | 32;   sink_tokens, recent_tokens: 0 ..= kMaxSinkTokens;   rotate: none | hadamard
 Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format = Format::kInt8);
 
 // "fp8" -> fp8_e4m3, "fp8_fnuz" -> fp8_e4m3_fnuz, ...; "auto" is kInvalidArgument here.

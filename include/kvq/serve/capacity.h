@@ -46,13 +46,16 @@ std::string capacity_markdown(const std::vector<CapacityRow>& rows, const KvGeom
                               size_t budget_bytes);
 
 // The page pools of a serving engine for a KV budget: a full sink for each of `max_seqs`
-// sequences (bf16), the rest main pages of `spec`. kInvalidArgument (saying what to raise or
-// lower) when the budget cannot hold the sinks plus one sequence of `max_model_len` tokens.
+// sequences (bf16) and, with a recent window (spec.recent_tokens, quantized formats), a full window
+// of bf16 twin pages for each (cache::PagedKvCache::recent_pages_per_sequence with `chunk_tokens`),
+// the rest main pages of `spec`. Both reserves are per admitted sequence, so the scheduler's page
+// budget (main and sink pages) needs no window term. kInvalidArgument (saying what to raise or
+// lower) when the budget cannot hold the reserves plus one sequence of `max_model_len` tokens.
 struct KvPools {
-  int num_pages = 0, num_sink_pages = 0;
-  size_t main_bytes = 0, sink_bytes = 0;
+  int num_pages = 0, num_sink_pages = 0, num_recent_pages = 0;
+  size_t main_bytes = 0, sink_bytes = 0, recent_bytes = 0;
 };
 Result<KvPools> plan_kv_pools(const QuantSpec& spec, const KvGeometry& g, int max_seqs, int max_model_len,
-                              size_t budget_bytes);
+                              size_t budget_bytes, int chunk_tokens = 128);
 
 }  // namespace kvq::serve

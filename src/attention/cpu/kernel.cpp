@@ -51,7 +51,7 @@ inline float dot(const float* a, const float* b, int n) {
 
 }  // namespace
 
-Status check_problem(const Problem& p, const float* q, const float* out) {
+Status check_problem(const Problem& p, const float* q, const float* out, int prefill_q_pos0) {
   const cache::CacheGeometry& g = p.geom;
   if (g.num_kv_heads < 1)
     return invalid_argument("attention: geometry has " + str(g.num_kv_heads) + " kv heads; need at least 1");
@@ -83,7 +83,7 @@ Status check_problem(const Problem& p, const float* q, const float* out) {
   if (t.max_blocks < 0 || t.max_sink_blocks < 0)
     return invalid_argument("attention: block table widths must not be negative");
 
-  bool any_sink = false, any_quantized = false;
+  bool any_sink = false, any_quantized = false, any_recent = false;
   for (int s = 0; s < t.num_seqs; ++s) {
     const int len = t.seq_lens[s], sink = t.sink_lens[s];
     if (len < 1)
@@ -98,7 +98,25 @@ Status check_problem(const Problem& p, const float* q, const float* out) {
         check_table_row("block", s, len - sink, g.block_size, t.block_tables, t.max_blocks, g.num_pages));
     any_sink |= sink > 0;
     any_quantized |= len > sink;
+    if (g.recent_tokens > 0) {
+      // Main tokens [first, len - sink) are read from their bf16 twins by some query.
+      const int q0 = prefill_q_pos0 >= 0 ? prefill_q_pos0 : len - 1;
+      const int first = cache::recent_first_main(q0, sink, len - sink, g.recent_tokens);
+      if (first < len - sink) {
+        any_recent = true;
+        if (t.recent_tables == nullptr)
+          return invalid_argument("attention: the cache has a bf16 recent window but recent_tables is null");
+        const int32_t* row = t.recent_tables + static_cast<size_t>(s) * t.max_blocks;
+        for (int b = first / g.block_size; b < ceil_div(len - sink, g.block_size); ++b)
+          if (row[b] < 0 || row[b] >= g.num_recent_pages)
+            return invalid_argument("attention: sequence " + str(s) + ", recent table entry " + str(b) + " is page " +
+                                    str(row[b]) + ", outside the recent pool [0, " + str(g.num_recent_pages) +
+                                    "); its queries read that page's tokens in bf16");
+      }
+    }
   }
+  if (any_recent && (p.layer.k_recent == nullptr || p.layer.v_recent == nullptr))
+    return invalid_argument("attention: the batch reads its recent window but the layer's recent planes are null");
   if (any_sink && (p.layer.k_sink == nullptr || p.layer.v_sink == nullptr))
     return invalid_argument("attention: the batch has sink tokens but the layer's sink planes are null");
   if (any_quantized) {
@@ -151,33 +169,49 @@ void TileLoader::decode_row(int kv, const uint8_t* plane, size_t offset, float* 
   }
 }
 
-void TileLoader::load_sink(int seq, int head, int n, PartTile& tile) const {
-  const cache::CacheGeometry& g = p_.geom;
-  const int d = g.head_dim, bs = g.block_size;
+namespace {
+
+// Sizes `tile` for n tokens with unit scales (the scales of bf16 tokens).
+void start_tile(PartTile& tile, int n, int d) {
   tile.n = n;
   tile.k.resize(static_cast<size_t>(n) * d);
   tile.v.resize(static_cast<size_t>(n) * d);
   tile.k_scale.assign(n, 1.f);
   tile.v_scale.assign(n, 1.f);
-  if (n == 0) return;  // the table may be null then
-  const int32_t* row = p_.tables.sink_tables + static_cast<size_t>(seq) * p_.tables.max_sink_blocks;
-  for (int t = 0; t < n; ++t) {
-    const size_t e = g.elem_index(row[t / bs], head, t % bs);
-    for (int i = 0; i < d; ++i) {
-      tile.k[static_cast<size_t>(t) * d + i] = format::bf16_to_float(p_.layer.k_sink[e + i]);
-      tile.v[static_cast<size_t>(t) * d + i] = format::bf16_to_float(p_.layer.v_sink[e + i]);
+}
+
+// bf16 tokens [u0, u0 + n) of one table row (page u / bs, slot u % bs), kv head `head`.
+void load_bf16_tokens(const cache::CacheGeometry& g, const int32_t* row, const uint16_t* k, const uint16_t* v,
+                      int head, int u0, int n, PartTile& tile) {
+  const int d = g.head_dim, bs = g.block_size;
+  start_tile(tile, n, d);
+  for (int i = 0; i < n; ++i) {
+    const int u = u0 + i;
+    const size_t e = g.elem_index(row[u / bs], head, u % bs);
+    for (int c = 0; c < d; ++c) {
+      tile.k[static_cast<size_t>(i) * d + c] = format::bf16_to_float(k[e + c]);
+      tile.v[static_cast<size_t>(i) * d + c] = format::bf16_to_float(v[e + c]);
     }
   }
+}
+
+}  // namespace
+
+void TileLoader::load_sink(int seq, int head, int n, PartTile& tile) const {
+  // With n == 0 the table may be null: the row pointer is never read then.
+  const int32_t* row = n > 0 ? p_.tables.sink_tables + static_cast<size_t>(seq) * p_.tables.max_sink_blocks : nullptr;
+  load_bf16_tokens(p_.geom, row, p_.layer.k_sink, p_.layer.v_sink, head, 0, n, tile);
+}
+
+void TileLoader::load_recent(int seq, int head, int u0, int n, PartTile& tile) const {
+  const int32_t* row = n > 0 ? p_.tables.recent_tables + static_cast<size_t>(seq) * p_.tables.max_blocks : nullptr;
+  load_bf16_tokens(p_.geom, row, p_.layer.k_recent, p_.layer.v_recent, head, u0, n, tile);
 }
 
 void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const {
   const cache::CacheGeometry& g = p_.geom;
   const int d = g.head_dim, bs = g.block_size;
-  tile.n = n;
-  tile.k.resize(static_cast<size_t>(n) * d);
-  tile.v.resize(static_cast<size_t>(n) * d);
-  tile.k_scale.assign(n, 1.f);
-  tile.v_scale.assign(n, 1.f);
+  start_tile(tile, n, d);
   if (n == 0) return;  // the table may be null then
   const int32_t* row = p_.tables.block_tables + static_cast<size_t>(seq) * p_.tables.max_blocks;
   for (int u = 0; u < n; ++u) {
@@ -186,8 +220,8 @@ void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const 
     decode_row(0, p_.layer.k_codes, k_geom_.code_offset(page, head, slot), &tile.k[static_cast<size_t>(u) * d]);
     decode_row(1, p_.layer.v_codes, v_geom_.code_offset(page, head, slot), &tile.v[static_cast<size_t>(u) * d]);
     const size_t si = g.scale_index(page, head, slot);
-    if (k_scaled_) tile.k_scale[u] = p_.layer.k_scales[si];
-    if (v_scaled_) tile.v_scale[u] = p_.layer.v_scales[si];
+    if (k_scaled_) tile.k_scale[u] = cache::load_scale(p_.layer.k_scales, si, g.scale_dtype);
+    if (v_scaled_) tile.v_scale[u] = cache::load_scale(p_.layer.v_scales, si, g.scale_dtype);
     if (g.outlier_capacity > 0) {
       // A sparse entry holds the value itself; the tile holds codes that the scale multiplies later.
       for (int kv = 0; kv < 2; ++kv) {
@@ -247,14 +281,54 @@ void merge(int na, float ma, float la, const float* acc_a, int nb, float mb, flo
   if (lse != nullptr) *lse = m + std::log(l);
 }
 
+void merge3(const int* n, const float* m_in, const float* l_in, const float* const* acc, int head_dim, float* out,
+            float* lse) {
+  float m = -std::numeric_limits<float>::infinity();
+  bool any = false;
+  for (int i = 0; i < 3; ++i) {
+    if (n[i] == 0) continue;
+    m = any ? std::max(m, m_in[i]) : m_in[i];
+    any = true;
+  }
+  float w[3], l = 0.f;
+  for (int i = 0; i < 3; ++i) {
+    w[i] = n[i] > 0 ? std::exp(m_in[i] - m) : 0.f;
+    l += n[i] > 0 ? l_in[i] * w[i] : 0.f;
+  }
+  const float inv = 1.f / l;
+  for (int c = 0; c < head_dim; ++c) {
+    float sum = 0.f;
+    for (int i = 0; i < 3; ++i)
+      if (n[i] > 0) sum += acc[i][c] * w[i];
+    out[c] = sum * inv;
+  }
+  if (lse != nullptr) *lse = m + std::log(l);
+}
+
 }  // namespace
+
+void merge_parts(const Partial& a, const Partial& b, const Partial& c, int head_dim, float* out, float* lse) {
+  const int n[3] = {a.n, b.n, c.n};
+  const float m[3] = {a.m, b.m, c.m}, l[3] = {a.l, b.l, c.l};
+  const float* acc[3] = {a.acc.data(), b.acc.data(), c.acc.data()};
+  merge3(n, m, l, acc, head_dim, out, lse);
+}
+
+void merge_block_row(const BlockPartial& a, const BlockPartial& b, const BlockPartial& c, int r, int head_dim,
+                     float* out, float* lse) {
+  const size_t o = static_cast<size_t>(r) * head_dim;
+  const int n[3] = {a.n[r], b.n[r], c.n[r]};
+  const float m[3] = {a.m[r], b.m[r], c.m[r]}, l[3] = {a.l[r], b.l[r], c.l[r]};
+  const float* acc[3] = {a.acc.data() + o, b.acc.data() + o, c.acc.data() + o};
+  merge3(n, m, l, acc, head_dim, out, lse);
+}
 
 void merge_parts(const Partial& a, const Partial& b, int head_dim, float* out, float* lse) {
   merge(a.n, a.m, a.l, a.acc.data(), b.n, b.m, b.l, b.acc.data(), head_dim, out, lse);
 }
 
 void attend_part_block(const float* q, size_t q_stride, int rows, const int* visible, float softmax_scale,
-                       const PartTile& tile, int head_dim, BlockPartial& out) {
+                       const PartTile& tile, int head_dim, BlockPartial& out, const int* first) {
   const int d = head_dim;
   out.n.assign(visible, visible + rows);
   out.m.assign(rows, -std::numeric_limits<float>::infinity());
@@ -270,18 +344,20 @@ void attend_part_block(const float* q, size_t q_stride, int rows, const int* vis
   for (int r = 0; r < rows; ++r) {
     float* pr = p + static_cast<size_t>(r) * cols;
     const int n = std::min(visible[r], cols);
-    out.n[r] = std::max(n, 0);
+    const int f = first != nullptr ? std::clamp(first[r], 0, std::max(n, 0)) : 0;
+    out.n[r] = std::max(n - f, 0);
     float m = -std::numeric_limits<float>::infinity();
-    for (int t = 0; t < n; ++t) {
+    for (int t = f; t < n; ++t) {
       pr[t] *= softmax_scale * tile.k_scale[t];
       m = std::max(m, pr[t]);
     }
     float l = 0.f;
-    for (int t = 0; t < n; ++t) {
+    for (int t = f; t < n; ++t) {
       const float e = std::exp(pr[t] - m);
       l += e;
       pr[t] = e * tile.v_scale[t];  // the v scale rides on the probability
     }
+    for (int t = 0; t < f; ++t) pr[t] = 0.f;  // before the window: read from the codes instead
     for (int t = std::max(n, 0); t < cols; ++t) pr[t] = 0.f;  // causal mask
     out.m[r] = m;
     out.l[r] = l;

@@ -6,6 +6,9 @@
 // sum, unnormalised V accumulator), and the two are merged exactly by log-sum-exp. Within a part,
 // K and V are decoded to float *codes* and the per-token scales are kept apart, to be folded into
 // the logits (k scale) and the probabilities (v scale), which is what a fused-dequant kernel does.
+// With a bf16 recent window (geometry.recent_tokens R > 0) the quantized part splits once more: a
+// query at position q reads main keys before q + 1 - R from the codes and the rest from their bf16
+// twins (a third part), so the window moves with the query exactly as in token-by-token decode.
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -24,8 +27,10 @@ struct Problem {
   float softmax_scale = 0.f;
 };
 
-// Shape, pointer and table checks for every sequence of the batch (see can_implement).
-Status check_problem(const Problem& p, const float* q, const float* out);
+// Shape, pointer and table checks for every sequence of the batch (see can_implement). The first
+// query of sequence s sits at position `prefill_q_pos0`, or at seq_len - 1 when that is negative
+// (decode); it decides which bf16 twins of the recent window must be present.
+Status check_problem(const Problem& p, const float* q, const float* out, int prefill_q_pos0 = -1);
 
 // One part (sink or quantized) of one kv head of one sequence, decoded.
 struct PartTile {
@@ -50,6 +55,8 @@ class TileLoader {
   void load_sink(int seq, int head, int n, PartTile& tile) const;
   // Quantized tokens [0, n) after the sink (token sink_len + u is u here), kv head `head`.
   void load_quantized(int seq, int head, int n, PartTile& tile) const;
+  // bf16 twins of the quantized tokens [u0, u0 + n) (main-part indices), kv head `head`.
+  void load_recent(int seq, int head, int u0, int n, PartTile& tile) const;
 
  private:
   // kv 0 = K, 1 = V: a layer of a per-layer mix may store them in different formats.
@@ -66,10 +73,12 @@ void attend_part(const float* q, float softmax_scale, const PartTile& tile, int 
 
 // Exact merge of two parts; writes out[head_dim] and, when lse is not null, *lse.
 void merge_parts(const Partial& a, const Partial& b, int head_dim, float* out, float* lse);
+// The same over three parts (sink, codes, recent window).
+void merge_parts(const Partial& a, const Partial& b, const Partial& c, int head_dim, float* out, float* lse);
 
 // The same softmax partials for a block of query rows at once (prefill), with the two products
 // (Q K^T and P V) done by BLAS sgemm. Row r is q + r * q_stride and sees the first visible[r]
-// tokens of the tile (causal masking).
+// tokens of the tile (causal masking); with `first` (may be null) it sees tokens [first[r], visible[r]).
 struct BlockPartial {
   std::vector<int> n;           // [rows] visible tokens
   std::vector<float> m, l;      // [rows]
@@ -77,8 +86,10 @@ struct BlockPartial {
   std::vector<float> p;         // scratch: [rows][tile.n] logits, then scaled probabilities
 };
 void attend_part_block(const float* q, size_t q_stride, int rows, const int* visible, float softmax_scale,
-                       const PartTile& tile, int head_dim, BlockPartial& out);
-// Merges row r of two block partials into out (+ lse, may be null).
+                       const PartTile& tile, int head_dim, BlockPartial& out, const int* first = nullptr);
+// Merges row r of two (or three) block partials into out (+ lse, may be null).
 void merge_block_row(const BlockPartial& a, const BlockPartial& b, int r, int head_dim, float* out, float* lse);
+void merge_block_row(const BlockPartial& a, const BlockPartial& b, const BlockPartial& c, int r, int head_dim,
+                     float* out, float* lse);
 
 }  // namespace kvq::attention::cpu::detail

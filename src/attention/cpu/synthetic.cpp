@@ -106,6 +106,8 @@ Result<SyntheticCache> build_synthetic_cache(const SyntheticCacheOptions& o) {
   cfg.num_sink_pages = sink_pages > 0 || o.spec.sink_tokens > 0
                            ? std::max(sink_pages + o.spare_pages, (o.spec.sink_tokens + bs - 1) / bs)
                            : 0;
+  // A twin for every main page the pool could hand out: enough for any order of writes.
+  cfg.num_recent_pages = o.spec.quantized() && o.spec.recent_tokens > 0 ? cfg.num_pages : 0;
   auto created = cache::PagedKvCache::create(cfg);
   if (!created.is_ok()) return created.status();
 

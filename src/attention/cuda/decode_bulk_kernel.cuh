@@ -27,9 +27,11 @@ constexpr int kRingOffset = 512;  // barriers (2 x kMaxStages x 8 B) and page id
 
 // Bytes of one stage: K tile, V tile, K scales, V scales, each 16-byte aligned. Per-block scales
 // copy the 16-byte chunk that holds the page's scale (the plane is 128-byte aligned and padded).
+// cp.async.bulk wants 16-byte sizes and addresses: a page head's per-token run is block_size (16 or
+// 32) scales of 4 or 2 bytes, i.e. 32..128 bytes starting at a multiple of its own size.
 KVQ_HD int bulk_scale_bytes(const cache::CacheGeometry& g) {
   if (!g.has_scales()) return 0;
-  if (g.granularity == ScaleGranularity::kPerTokenHead) return g.block_size * 4;
+  if (g.granularity == ScaleGranularity::kPerTokenHead) return g.block_size * static_cast<int>(g.scale_bytes());
   if (g.granularity == ScaleGranularity::kPerBlockHead) return 16;
   return 0;
 }
@@ -40,7 +42,7 @@ KVQ_HD int bulk_stage_bytes(const cache::CacheGeometry& g) {
 
 template <Format F, int D, ScaleMode SM>
 __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in_page, int bs, int scale_sub,
-                                               int lane, Payload<F, D>& pl) {
+                                               ScaleDtype sd, int lane, Payload<F, D>& pl) {
   static_assert(Path<F>::kBytes == 1, "the bulk kernel reads 8-bit tiles");
   constexpr int kKW = TileShape<F, D>::kKWords, kVW = TileShape<F, D>::kVWords;
   const int g = lane >> 2, t = lane & 3;
@@ -65,12 +67,13 @@ __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in
     }
   }
   if constexpr (SM == ScaleMode::kToken) {
-    const float* ks = reinterpret_cast<const float*>(stage + 2 * bs * D);
+    const uint8_t* ks = stage + 2 * bs * D;
     // scale_sub < 0: per-token scales (slot index); else the page's scale inside its 16-byte chunk.
-    const int sb = scale_sub < 0 ? bs : 4;
+    // sb: scales in one K run (the V run follows it).
+    const int sb = scale_sub < 0 ? bs : (sd == ScaleDtype::kFp16 ? 8 : 4);
     const int i0 = scale_sub < 0 ? slot0 + 2 * t : scale_sub, i1 = scale_sub < 0 ? i0 + 1 : scale_sub;
-    pl.ks0 = ks[i0], pl.ks1 = ks[i1];
-    pl.vs0 = ks[sb + i0], pl.vs1 = ks[sb + i1];
+    pl.ks0 = cache::load_scale(ks, i0, sd), pl.ks1 = cache::load_scale(ks, i1, sd);
+    pl.vs0 = cache::load_scale(ks, sb + i0, sd), pl.vs1 = cache::load_scale(ks, sb + i1, sd);
   }
 }
 
@@ -82,8 +85,7 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full,
   const int pg0 = w.main_t0 / tpp, n_pages = (w.main_t1 + tpp - 1) / tpp - pg0;
   const int32_t* table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + pg0;
   const uint32_t tile = static_cast<uint32_t>(bs * D);
-  const bool per_token = p.geom.granularity == ScaleGranularity::kPerTokenHead;
-  const uint32_t sbytes = SM == ScaleMode::kToken ? (per_token ? bs * 4 : 16) : 0;
+  const uint32_t sbytes = SM == ScaleMode::kToken ? static_cast<uint32_t>(bulk_scale_bytes(p.geom)) : 0;
   const int S = p.ring_stages;
   for (int base = 0; base < n_pages; base += 32) {
     const int mine = base + lane < n_pages ? __ldg(table + base + lane) : 0;
@@ -101,9 +103,11 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full,
         bulk_copy_g2s(st + tile, p.v_codes + e, tile, &full[s]);
         if constexpr (SM == ScaleMode::kToken) {
           size_t si = p.geom.scale_index(page, w.kv_head, 0);
-          if (!per_token) si &= ~size_t{3};
-          bulk_copy_g2s(st + 2 * tile, p.k_scales + si, sbytes, &full[s]);
-          bulk_copy_g2s(st + 2 * tile + sbytes, p.v_scales + si, sbytes, &full[s]);
+          // per_block_head: the 16-byte chunk holding the page head's scale (4 fp32 or 8 fp16).
+          if (p.geom.granularity != ScaleGranularity::kPerTokenHead) si &= ~(16 / p.geom.scale_bytes() - 1);
+          const size_t off = si * p.geom.scale_bytes();
+          bulk_copy_g2s(st + 2 * tile, static_cast<const uint8_t*>(p.k_scales) + off, sbytes, &full[s]);
+          bulk_copy_g2s(st + 2 * tile + sbytes, static_cast<const uint8_t*>(p.v_scales) + off, sbytes, &full[s]);
         }
       }
     }
@@ -124,15 +128,15 @@ __device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs&
     const uint8_t* stage = ring + static_cast<size_t>(s) * p.stage_bytes;
     int scale_sub = -1;
     if constexpr (SM == ScaleMode::kToken) {
-      if (!per_token) scale_sub = static_cast<int>(p.geom.scale_index(page_ids[s], w.kv_head, 0) & 3);
+      if (!per_token) scale_sub = static_cast<int>(p.geom.scale_index(page_ids[s], w.kv_head, 0) & (16 / p.geom.scale_bytes() - 1));
     }
     // Tiles past the part's end (last page) are masked by compute_tiles; their bytes are in the stage.
     for (int k = 0; k < tpp; k += 2) {
       const int tile = (pg0 + i) * tpp + k;
       if (tile >= w.main_t1) break;
       Payload<F, D> pl[2];
-      load_tile_smem<F, D, SM>(stage, k, bs, scale_sub, lane, pl[0]);
-      load_tile_smem<F, D, SM>(stage, k + 1, bs, scale_sub, lane, pl[1]);
+      load_tile_smem<F, D, SM>(stage, k, bs, scale_sub, p.geom.scale_dtype, lane, pl[0]);
+      load_tile_smem<F, D, SM>(stage, k + 1, bs, scale_sub, p.geom.scale_dtype, lane, pl[1]);
       compute_tiles<F, D, SM, 2>(pl, qf, a, tile, lane, st);
     }
     mbar_arrive(&empty[s]);  // every lane: each releases its own reads of the stage

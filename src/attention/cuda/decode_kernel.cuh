@@ -37,8 +37,8 @@ constexpr int kMaxGroupPerCta = 8;
 struct DecodeParams {
   const uint8_t* k_codes;
   const uint8_t* v_codes;
-  const float* k_scales;
-  const float* v_scales;
+  const void* k_scales;  // geom.scale_dtype elements
+  const void* v_scales;
   const uint8_t* k_sink;  // bf16 planes as bytes
   const uint8_t* v_sink;
   const int32_t* seq_lens;
@@ -126,12 +126,19 @@ struct State {
   float o[D / 16][4];
 };
 
+// Element i of a read-only scale plane (layout.h's load_scale through the read-only cache); an
+// fp16 scale widens exactly, so both dtypes feed the same float arithmetic.
+__device__ __forceinline__ float ldg_scale(const void* plane, size_t i, ScaleDtype d) {
+  if (d == ScaleDtype::kFp16) return __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(plane) + i)));
+  return __ldg(static_cast<const float*>(plane) + i);
+}
+
 // Everything a part (sink or main) loop needs besides the State.
 struct PartArgs {
   const uint8_t* k;     // plane base (bytes)
   const uint8_t* v;
-  const float* ks;      // per-token scales (kToken) or null
-  const float* vs;
+  const void* ks;       // per-token scales (kToken) or null, geom.scale_dtype elements
+  const void* vs;
   const int32_t* table;  // this sequence's row
   int n_tokens;          // tokens in the part
   int tile_begin, tile_end;  // tiles of this CTA within the part
@@ -170,10 +177,11 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const PartArgs&
   if constexpr (SM == ScaleMode::kToken) {
     const size_t si0 = p.geom.scale_index(page, kv_head, slot0 + 2 * t);
     const size_t si1 = p.geom.scale_index(page, kv_head, slot0 + 2 * t + 1);
-    pl.ks0 = __ldg(a.ks + si0);
-    pl.ks1 = __ldg(a.ks + si1);
-    pl.vs0 = __ldg(a.vs + si0);
-    pl.vs1 = __ldg(a.vs + si1);
+    const ScaleDtype sd = p.geom.scale_dtype;
+    pl.ks0 = ldg_scale(a.ks, si0, sd);
+    pl.ks1 = ldg_scale(a.ks, si1, sd);
+    pl.vs0 = ldg_scale(a.vs, si0, sd);
+    pl.vs1 = ldg_scale(a.vs, si1, sd);
   }
 }
 
@@ -505,8 +513,8 @@ __device__ __forceinline__ PartArgs main_args(const DecodeParams& p, const CtaWo
   a.kconst = unscale * p.fnuz_factor;
   a.lvconst = 0.f;
   if constexpr (SM == ScaleMode::kTensor) {
-    a.kconst *= __ldg(p.k_scales);
-    a.lvconst = __log2f(__ldg(p.v_scales) * p.fnuz_factor);
+    a.kconst *= ldg_scale(p.k_scales, 0, p.geom.scale_dtype);
+    a.lvconst = __log2f(ldg_scale(p.v_scales, 0, p.geom.scale_dtype) * p.fnuz_factor);
   } else if constexpr (SM == ScaleMode::kToken) {
     a.lvconst = p.fnuz_factor;  // compute_tiles takes log2(v scale * this)
   }

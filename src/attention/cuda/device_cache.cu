@@ -3,6 +3,7 @@
 
 #include "device_util.cuh"
 #include "kvq/attention/cuda/device_cache.h"
+#include "kvq/quant/policy.h"
 
 namespace kvq::attention::cuda {
 
@@ -62,15 +63,17 @@ Result<DeviceLayer> DeviceLayer::create(const cache::CacheGeometry& g) {
   DeviceLayer l;
   l.geom_ = g;
   const bool block_amax = g.has_scales() && g.granularity == ScaleGranularity::kPerBlockHead;
-  const size_t sizes[8] = {g.code_plane_bytes(),
+  const size_t sizes[10] = {g.code_plane_bytes(),
                            g.code_plane_bytes(),
                            g.scale_plane_bytes(),
                            g.scale_plane_bytes(),
                            g.sink_plane_bytes(),
                            g.sink_plane_bytes(),
                            block_amax ? cache::align_up(static_cast<size_t>(g.num_pages) * g.num_kv_heads * 4, 128) : 0,
-                           block_amax ? cache::align_up(static_cast<size_t>(g.num_pages) * g.num_kv_heads * 4, 128) : 0};
-  for (int i = 0; i < 8; ++i) {
+                           block_amax ? cache::align_up(static_cast<size_t>(g.num_pages) * g.num_kv_heads * 4, 128) : 0,
+                           g.recent_plane_bytes(),
+                           g.recent_plane_bytes()};
+  for (int i = 0; i < 10; ++i) {
     auto b = DeviceBuffer::create(sizes[i]);
     if (!b.is_ok()) return b.status();
     l.planes_[i] = std::move(b).value();
@@ -87,6 +90,10 @@ cache::LayerView DeviceLayer::view() const {
   v.v_scales = planes_[3].as<float>();
   v.k_sink = planes_[4].as<uint16_t>();
   v.v_sink = planes_[5].as<uint16_t>();
+  if (geom_.num_recent_pages > 0) {
+    v.k_recent = planes_[8].as<uint16_t>();
+    v.v_recent = planes_[9].as<uint16_t>();
+  }
   return v;
 }
 
@@ -166,14 +173,16 @@ __global__ void fill_codes_kernel(uint8_t* p, size_t n_words, uint64_t seed, int
   }
 }
 
-__global__ void fill_scales_kernel(float* s, float* amax, size_t n, uint64_t seed, float qmax) {
+// n scales of dtype sd; the first n_amax also get their block amax (per_block_head).
+__global__ void fill_scales_kernel(void* s, ScaleDtype sd, float* amax, size_t n, size_t n_amax, uint64_t seed,
+                                   float qmax) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const uint64_t r = mix64(seed ^ (i * 0xd1b54a32d192ed03ull));
     const float u = static_cast<float>(r >> 40) * (1.f / 16777216.f);  // [0, 1)
-    const float scale = exp2f(-8.f + 6.f * u);                         // 2^-8 .. 2^-2
-    s[i] = scale;
-    if (amax != nullptr) amax[i] = scale * qmax;
+    const float scale = quant::stored_scale(exp2f(-8.f + 6.f * u), sd);  // 2^-8 .. 2^-2
+    cache::store_scale(s, i, scale, sd);
+    if (amax != nullptr && i < n_amax) amax[i] = scale * qmax;
   }
 }
 
@@ -195,10 +204,13 @@ Status fill_random(DeviceLayer& layer, uint64_t seed, CUstream_st* stream) {
   KVQ_RETURN_IF_ERROR(fill_codes(v.k_sink, layer.plane_bytes(Plane::kKSink), seed * 8 + 3, 2, stream));
   KVQ_RETURN_IF_ERROR(fill_codes(v.v_sink, layer.plane_bytes(Plane::kVSink), seed * 8 + 4, 2, stream));
   if (g.has_scales()) {
-    const size_t n = layer.plane_bytes(Plane::kKScales) / 4;
-    fill_scales_kernel<<<256, 256, 0, stream>>>(v.k_scales, layer.k_block_amax(), n, seed * 8 + 5, format_qmax(g.format));
+    const size_t n = layer.plane_bytes(Plane::kKScales) / g.scale_bytes();
+    const size_t n_amax = static_cast<size_t>(g.num_pages) * g.num_kv_heads;
+    fill_scales_kernel<<<256, 256, 0, stream>>>(v.k_scales, g.scale_dtype, layer.k_block_amax(), n, n_amax, seed * 8 + 5,
+                                                format_qmax(g.format));
     KVQ_RETURN_IF_ERROR(detail::launch_status("fill_scales"));
-    fill_scales_kernel<<<256, 256, 0, stream>>>(v.v_scales, layer.v_block_amax(), n, seed * 8 + 6, format_qmax(g.format));
+    fill_scales_kernel<<<256, 256, 0, stream>>>(v.v_scales, g.scale_dtype, layer.v_block_amax(), n, n_amax, seed * 8 + 6,
+                                                format_qmax(g.format));
     KVQ_RETURN_IF_ERROR(detail::launch_status("fill_scales"));
   }
   return Status::ok();

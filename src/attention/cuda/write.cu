@@ -25,7 +25,7 @@ constexpr int kThreads = 128;
 struct WriteParams {
   cache::CacheGeometry geom;  // element and scale addresses (elem_index / scale_index)
   uint8_t* codes[2];
-  float* scales[2];
+  void* scales[2];  // geom.scale_dtype elements (cache::load_scale / store_scale)
   uint16_t* sink[2];
   float* amax[2];
   const void* in[2];
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads) write_rows_kernel(const WriteParams 
   const bool active = t0 < step;
   const bool per_token = p.quantized && p.granularity == static_cast<int>(ScaleGranularity::kPerTokenHead);
   // per_tensor: set before this kernel (tensor_scale_finalize_kernel) and fixed during it.
-  const float fixed_scale = p.quantized && !per_token ? p.scales[kv][0] : 1.f;
+  const float fixed_scale = p.quantized && !per_token ? cache::load_scale(p.scales[kv], 0, p.geom.scale_dtype) : 1.f;
   for (int base = 0; base < p.n; base += kT * step) {
     Raw16<kFp32> raw[kT];
     int32_t slot[kT];
@@ -249,8 +249,9 @@ __global__ void __launch_bounds__(kThreads) write_rows_kernel(const WriteParams 
       } else {
         float scale = fixed_scale;
         if (per_token) {
-          scale = scale_for_amax(F, amax);
-          if (part == 0) p.scales[kv][p.geom.scale_index(ps.page, head, ps.slot)] = scale;
+          scale = scale_for_amax(F, amax, p.geom.scale_dtype);
+          if (part == 0)
+            cache::store_scale(p.scales[kv], p.geom.scale_index(ps.page, head, ps.slot), scale, p.geom.scale_dtype);
         }
         store_main_row<F, D, kFp32>(p, kv, elem, part, raw[k], v, scale);
       }
@@ -265,7 +266,8 @@ __global__ void __launch_bounds__(kThreads) tensor_amax_kernel(const WriteParams
   const long long total = static_cast<long long>(p.n) * p.heads * 2 * L;
   float amax[2] = {0.f, 0.f};
   bool any = false;
-  const bool need[2] = {quant::tensor_scale_unset(p.scales[0][0]), quant::tensor_scale_unset(p.scales[1][0])};
+  const bool need[2] = {quant::tensor_scale_unset(cache::load_scale(p.scales[0], 0, p.geom.scale_dtype)),
+                        quant::tensor_scale_unset(cache::load_scale(p.scales[1], 0, p.geom.scale_dtype))};
   if (need[0] || need[1]) {
     for (long long gid = blockIdx.x * static_cast<long long>(kThreads) + threadIdx.x; gid < total;
          gid += static_cast<long long>(gridDim.x) * kThreads) {
@@ -290,7 +292,8 @@ __global__ void __launch_bounds__(kThreads) tensor_amax_kernel(const WriteParams
 __global__ void tensor_scale_finalize_kernel(const WriteParams p, Format f) {
   if (threadIdx.x != 0 || p.ws[2] == 0u) return;  // no main-pool row in this call: scale stays unset
   for (int kv = 0; kv < 2; ++kv)
-    if (quant::tensor_scale_unset(p.scales[kv][0])) p.scales[kv][0] = scale_for_amax(f, __uint_as_float(p.ws[kv]));
+    if (quant::tensor_scale_unset(cache::load_scale(p.scales[kv], 0, p.geom.scale_dtype)))
+      cache::store_scale(p.scales[kv], 0, scale_for_amax(f, __uint_as_float(p.ws[kv]), p.geom.scale_dtype), p.geom.scale_dtype);
 }
 
 // per_block_head (and its sink rows): warp w of a CTA owns the tokens
@@ -380,16 +383,16 @@ __global__ void __launch_bounds__(kThreads, 4) write_segments_kernel(const Write
     const size_t ph = p.geom.scale_index(page, head, 0);
     float scale;
     float* amax_slot = p.amax[kv] + ph;
-    float* scale_slot = p.scales[kv] + ph;
+    const ScaleDtype sd = p.geom.scale_dtype;
     if (slot0 == 0) {  // a fresh page head
-      scale = scale_for_amax(F, amax);
+      scale = scale_for_amax(F, amax, sd);
       __syncwarp();
-      if (lane == 0) *amax_slot = amax, *scale_slot = scale;
+      if (lane == 0) *amax_slot = amax, cache::store_scale(p.scales[kv], ph, scale, sd);
     } else {
-      const float old_amax = *amax_slot, old_scale = *scale_slot;
+      const float old_amax = *amax_slot, old_scale = cache::load_scale(p.scales[kv], ph, sd);
       scale = old_scale;
       if (quant::block_scale_grows(amax, old_amax)) {
-        scale = scale_for_amax(F, amax);
+        scale = scale_for_amax(F, amax, sd);
         // Re-quantize the page head's earlier slots with the grown scale.
         for (int c0 = 0; c0 < slot0; c0 += kChunk) {
           uint4 codes[kMaxPass];
@@ -411,7 +414,7 @@ __global__ void __launch_bounds__(kThreads, 4) write_segments_kernel(const Write
           }
         }
         __syncwarp();
-        if (lane == 0) *amax_slot = amax, *scale_slot = scale;
+        if (lane == 0) *amax_slot = amax, cache::store_scale(p.scales[kv], ph, scale, sd);
       }
     }
     for (int c0 = 0; c0 < len; c0 += kChunk) {

@@ -31,6 +31,7 @@ class HostCacheStorage final : public CacheStorage {
     out->k_scales = p.k_scales, out->v_scales = p.v_scales;
     out->k_sink = p.k_sink, out->v_sink = p.v_sink;
     out->k_outliers = p.k_outliers, out->v_outliers = p.v_outliers;
+    out->k_recent = p.k_recent, out->v_recent = p.v_recent;
     return Status::ok();
   }
   cache::PagedKvCache* book() const { return &book_; }
@@ -279,8 +280,15 @@ Status CpuBackend::can_implement(const CacheWriteArgs& a) const {
                                 std::to_string(a.slot_mapping[s.row0 + t]) + " but the block tables put token " +
                                 std::to_string(pos) + " of sequence " + std::to_string(s.seq) + " at " +
                                 std::to_string(want));
+      if (a.recent_slot_mapping != nullptr && a.recent_slot_mapping[s.row0 + t] != a.book->recent_slot_of(s.seq, pos))
+        return invalid_argument("cache write: recent_slot_mapping[" + std::to_string(s.row0 + t) + "] is " +
+                                std::to_string(a.recent_slot_mapping[s.row0 + t]) + " but the recent table puts token " +
+                                std::to_string(pos) + " of sequence " + std::to_string(s.seq) + " at " +
+                                std::to_string(a.book->recent_slot_of(s.seq, pos)));
     }
   }
+  if (a.rows > 0 && a.book->geometry().recent_tokens > 0 && a.recent_slot_mapping == nullptr)
+    return invalid_argument("cache write: the cache has a bf16 recent window but recent_slot_mapping is null");
   return Status::ok();
 }
 size_t CpuBackend::workspace_size(const CacheWriteArgs&) const { return 0; }

@@ -65,6 +65,10 @@ Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
   return Status::ok();
 }
 
+// The fast decode kernels do not know the bf16 recent window; with one, decode and prefill take the
+// generic kernel, which applies the per-query rule (layout.h's uses_recent) token by token.
+bool fast_attention(const cache::CacheGeometry& g) { return fast_shape(g) && g.recent_tokens == 0; }
+
 class CudaCacheStorage final : public CacheStorage {
  public:
   CudaCacheStorage(const cache::CacheGeometry& g, std::vector<kc::DeviceLayer> layers)
@@ -89,6 +93,10 @@ class CudaCacheStorage final : public CacheStorage {
     KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVScales, out->v_scales.data(), geom_.scale_plane_bytes()));
     KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kKSink, out->k_sink.data(), geom_.sink_plane_bytes()));
     KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVSink, out->v_sink.data(), geom_.sink_plane_bytes()));
+    out->k_recent.resize(geom_.recent_plane_bytes() / sizeof(uint16_t));
+    out->v_recent.resize(geom_.recent_plane_bytes() / sizeof(uint16_t));
+    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kKRecent, out->k_recent.data(), geom_.recent_plane_bytes()));
+    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVRecent, out->v_recent.data(), geom_.recent_plane_bytes()));
     return Status::ok();
   }
 
@@ -363,6 +371,8 @@ class CudaBackend final : public Backend {
     for (int i = 0; i < a.num_spans; ++i)
       if (a.spans[i].n < 0 || a.spans[i].row0 < 0 || a.spans[i].row0 + a.spans[i].n > a.rows)
         return invalid_argument("cache write: span " + str(i) + " outside the rows");
+    if (g.recent_tokens > 0 && a.rows > 0 && a.recent_slot_mapping == nullptr)
+      return invalid_argument("cache write: the cache has a bf16 recent window but recent_slot_mapping is null");
     if (fast_shape(g)) return kc::can_implement(write_args(a, *st));
     return check_generic_shape(g, "cache write");
   }
@@ -372,34 +382,46 @@ class CudaBackend final : public Backend {
     if (a.rows == 0) return Status::ok();
     const auto& st = static_cast<const CudaCacheStorage&>(*a.storage);
     const cache::CacheGeometry& g = st.geometry();
-    if (fast_shape(g)) return kc::run(write_args(a, st), write_ws_.get(), stream_);
     const kc::DeviceLayer& d = st.device_layer(a.layer);
-    cuda_ops::GenericWriteParams p{};
-    p.geom = g;
-    p.layer = d.view();
-    p.amax[0] = d.k_block_amax(), p.amax[1] = d.v_block_amax();
-    p.in[0] = a.k, p.in[1] = a.v;
-    p.slots = a.slot_mapping;
-    p.n = a.rows;
-    cuda_ops::generic_write_kernel<<<2, 32, 0, stream_>>>(p);
-    return launch_status("cuda cache write (generic)");
+    if (fast_shape(g)) {
+      KVQ_RETURN_IF_ERROR(kc::run(write_args(a, st), write_ws_.get(), stream_));
+    } else {
+      cuda_ops::GenericWriteParams p{};
+      p.geom = g;
+      p.layer = d.view();
+      p.amax[0] = d.k_block_amax(), p.amax[1] = d.v_block_amax();
+      p.in[0] = a.k, p.in[1] = a.v;
+      p.slots = a.slot_mapping;
+      p.n = a.rows;
+      cuda_ops::generic_write_kernel<<<2, 32, 0, stream_>>>(p);
+      KVQ_RETURN_IF_ERROR(launch_status("cuda cache write (generic)"));
+    }
+    if (g.recent_tokens == 0) return Status::ok();
+    // The bf16 twins of the window, beside the codes (which are written as without a window).
+    cuda_ops::RecentWriteParams r{};
+    r.geom = g;
+    r.layer = d.view();
+    r.in[0] = a.k, r.in[1] = a.v;
+    r.slots = a.recent_slot_mapping;
+    cuda_ops::write_recent_kernel<<<a.rows, 128, 0, stream_>>>(r);
+    return launch_status("cuda cache write (recent window)");
   }
 
   // ---- attention -----------------------------------------------------------------------------------
 
   Status can_implement(const DecodeArgs& args) const override {
     const DecodeArgs a = without_empty_sink(args);
-    if (fast_shape(a.geom)) return kc::can_implement(a);
+    if (fast_attention(a.geom)) return kc::can_implement(a);
     KVQ_RETURN_IF_ERROR(check_generic_shape(a.geom, "decode"));
     KVQ_RETURN_IF_ERROR(check_common(a.num_q_heads, a.geom, a.softmax_scale, a.q, a.out, "decode"));
     if (a.tables.num_seqs < 0 || a.tables.num_seqs > 65535)
       return unsupported("cuda decode: num_seqs must be in [0, 65535] (got " + str(a.tables.num_seqs) + ")");
     if (a.tables.num_seqs > 0 && (a.tables.seq_lens == nullptr || a.tables.sink_lens == nullptr))
       return invalid_argument("cuda decode: seq_lens and sink_lens must not be null");
-    return Status::ok();
+    return check_recent(a.geom, a.layer, a.tables, "decode");
   }
   size_t workspace_size(const DecodeArgs& a) const override {
-    if (!fast_shape(a.geom)) return 0;
+    if (!fast_attention(a.geom)) return 0;
     auto it = plans_.find(plan_key(a));
     return it == plans_.end() ? 0 : kc::workspace_size(a, it->second);
   }
@@ -407,7 +429,7 @@ class CudaBackend final : public Backend {
     const DecodeArgs a = without_empty_sink(args);
     KVQ_RETURN_IF_ERROR(can_implement(a));
     if (a.tables.num_seqs == 0) return Status::ok();
-    if (fast_shape(a.geom)) return run_fast_decode(a);
+    if (fast_attention(a.geom)) return run_fast_decode(a);
     return run_generic(a.geom, a.layer, a.tables, a.q, a.out, a.lse, a.tables.num_seqs, a.num_q_heads,
                        a.softmax_scale, -1);
   }
@@ -417,13 +439,13 @@ class CudaBackend final : public Backend {
   Status plan(const DecodeArgs& args) override {
     const DecodeArgs a = without_empty_sink(args);
     KVQ_RETURN_IF_ERROR(can_implement(a));
-    if (a.tables.num_seqs == 0 || !fast_shape(a.geom)) return Status::ok();
+    if (a.tables.num_seqs == 0 || !fast_attention(a.geom)) return Status::ok();
     auto p = fast_decode_plan(a);
     return p.is_ok() ? Status::ok() : p.status();
   }
   Status plan(const PrefillArgs& a) override {
     KVQ_RETURN_IF_ERROR(can_implement(a));
-    if (a.n_q == 0 || !fast_shape(a.geom)) return Status::ok();
+    if (a.n_q == 0 || !fast_attention(a.geom)) return Status::ok();
     KVQ_RETURN_IF_ERROR(grow(prefill_ws_, prefill_carve(a).total));
     DecodeArgs d;  // the virtual-sequence decode run() will launch (only the shape matters here)
     d.geom = a.geom;
@@ -442,7 +464,7 @@ class CudaBackend final : public Backend {
   using Backend::plan;
 
   Status can_implement(const PrefillArgs& a) const override {
-    if (fast_shape(a.geom)) {
+    if (fast_attention(a.geom)) {
       if (!format_traits(a.geom.format).device_ready)
         return unsupported(std::string("cuda prefill: ") + format_name(a.geom.format) +
                            " caches are not supported; use int8 or fp8");
@@ -459,15 +481,15 @@ class CudaBackend final : public Backend {
       return invalid_argument("cuda prefill: bad block tables");
     if (a.n_q < 0 || a.q_pos0 < 0) return invalid_argument("cuda prefill: n_q and q_pos0 must be >= 0");
     if (a.n_q > 65535) return unsupported("cuda prefill: at most 65535 queries per call (got " + str(a.n_q) + ")");
-    return Status::ok();
+    return check_recent(a.geom, a.layer, a.tables, "prefill");
   }
   size_t workspace_size(const PrefillArgs& a) const override {
-    return fast_shape(a.geom) ? prefill_carve(a).total : 0;
+    return fast_attention(a.geom) ? prefill_carve(a).total : 0;
   }
   Status run(const PrefillArgs& a) override {
     KVQ_RETURN_IF_ERROR(can_implement(a));
     if (a.n_q == 0) return Status::ok();
-    if (!fast_shape(a.geom))
+    if (!fast_attention(a.geom))
       return run_generic(a.geom, a.layer, a.tables, a.q, a.out, a.lse, a.n_q, a.num_q_heads, a.softmax_scale, a.q_pos0);
     // Query i of the chunk = a decode sequence of length q_pos0 + i + 1 over the same pages: the
     // tensor-core decode kernel reads the pages as stored. Measured 18x faster than the fp32 generic
@@ -558,6 +580,15 @@ class CudaBackend final : public Backend {
       d.tables.sink_tables = nullptr;
     }
     return d;
+  }
+
+  static Status check_recent(const cache::CacheGeometry& g, const cache::LayerView& layer,
+                             const cache::BatchTablesView& t, const char* op) {
+    if (g.recent_tokens <= 0 || t.num_seqs == 0) return Status::ok();
+    if (t.recent_tables == nullptr || layer.k_recent == nullptr || layer.v_recent == nullptr)
+      return invalid_argument(std::string("cuda ") + op +
+                              ": the cache has a bf16 recent window but its recent tables or planes are null");
+    return Status::ok();
   }
 
   static Status check_common(int num_q_heads, const cache::CacheGeometry& g, float scale, const float* q,

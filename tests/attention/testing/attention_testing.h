@@ -106,6 +106,46 @@ inline Status read_back_sequence(const cache::PagedKvCache& c, cache::SeqId seq,
   return Status::ok();
 }
 
+// The values a query at `q_pos` attends to (cache/layout.h): read_back_sequence, with the main
+// tokens inside its bf16 recent window replaced by their twins. The twins must be held.
+inline Status read_back_for_query(const cache::PagedKvCache& c, cache::SeqId seq, int layer, int q_pos,
+                                  std::vector<float>& k, std::vector<float>& v) {
+  KVQ_RETURN_IF_ERROR(read_back_sequence(c, seq, layer, k, v));
+  const cache::CacheGeometry& g = c.geometry();
+  const int sink = c.sink_len(seq), len = c.seq_len(seq), bs = g.block_size, d = g.head_dim;
+  const auto& p = c.planes(layer);
+  for (int t = sink; t < len; ++t) {
+    if (!cache::uses_recent(t, q_pos, g.recent_tokens)) continue;
+    const int u = t - sink;
+    const int32_t twin = c.recent_table(seq)[static_cast<size_t>(u / bs)];
+    if (twin < 0) return invalid_argument("read_back_for_query: token " + std::to_string(t) + " has no bf16 twin");
+    for (int h = 0; h < g.num_kv_heads; ++h) {
+      const size_t e = g.elem_index(twin, h, u % bs), o = (static_cast<size_t>(t) * g.num_kv_heads + h) * d;
+      for (int i = 0; i < d; ++i) {
+        k[o + i] = format::bf16_to_float(p.k_recent[e + i]);
+        v[o + i] = format::bf16_to_float(p.v_recent[e + i]);
+      }
+    }
+  }
+  return Status::ok();
+}
+
+// The first query position of `seq` whose bf16 window the cache still holds (every later one's
+// too: windows only move forward); seq_len when none.
+inline int first_servable_query(const cache::PagedKvCache& c, cache::SeqId seq) {
+  const cache::CacheGeometry& g = c.geometry();
+  const int sink = c.sink_len(seq), len = c.seq_len(seq);
+  const auto& twins = c.recent_table(seq);
+  for (int q = 0; q < len; ++q) {
+    const int first = cache::recent_first_main(q, sink, len - sink, g.recent_tokens);
+    bool held = true;
+    for (int b = first / g.block_size; held && b * g.block_size < len - sink; ++b)
+      held = static_cast<size_t>(b) < twins.size() && twins[static_cast<size_t>(b)] >= 0;
+    if (held) return q;
+  }
+  return len;
+}
+
 // ---- block tables -------------------------------------------------------------------------------------
 
 // True when some sequence's pages are not consecutive ascending ids, i.e. a backend that assumed
@@ -152,26 +192,34 @@ inline Status poison_unowned(cache::PagedKvCache& c, const std::vector<cache::Se
       const size_t b0 = g.code_offset(page, h, from);
       const size_t b1 = g.code_offset(page, h, bs - 1) + g.row_code_bytes();
       for (size_t b = b0; b < b1; ++b) lv.k_codes[b] = lv.v_codes[b] = poison_code_byte(g.format, b);
+      auto poison_scale = [&](size_t i) {
+        cache::store_scale(lv.k_scales, i, nan, g.scale_dtype);
+        cache::store_scale(lv.v_scales, i, nan, g.scale_dtype);
+      };
       if (per_slot_scales)
-        for (int s = from; s < bs; ++s) lv.k_scales[g.scale_index(page, h, s)] = lv.v_scales[g.scale_index(page, h, s)] = nan;
-      if (per_page_scales && from == 0) lv.k_scales[g.scale_index(page, h, 0)] = lv.v_scales[g.scale_index(page, h, 0)] = nan;
+        for (int s = from; s < bs; ++s) poison_scale(g.scale_index(page, h, s));
+      if (per_page_scales && from == 0) poison_scale(g.scale_index(page, h, 0));
     }
   };
-  auto poison_sink = [&](const cache::LayerView& lv, int page, int from) {
+  auto poison_bf16 = [&](uint16_t* k, uint16_t* v, int page, int from) {
     for (int h = 0; h < hkv; ++h)
-      for (size_t e = g.elem_index(page, h, from); e < g.elem_index(page, h, bs - 1) + d; ++e)
-        lv.k_sink[e] = lv.v_sink[e] = kPoisonBf16;
+      for (size_t e = g.elem_index(page, h, from); e < g.elem_index(page, h, bs - 1) + d; ++e) k[e] = v[e] = kPoisonBf16;
   };
+  auto poison_sink = [&](const cache::LayerView& lv, int page, int from) { poison_bf16(lv.k_sink, lv.v_sink, page, from); };
   for (int layer = 0; layer < g.num_layers; ++layer) {
     const cache::LayerView lv = c.layer_view(layer);
     for (int p = 0; p < g.num_pages; ++p)
       if (c.pool().refcount(p) == 0) poison_main(lv, p, 0);
     for (int p = 0; p < g.num_sink_pages; ++p)
       if (c.sink_pool().refcount(p) == 0) poison_sink(lv, p, 0);
+    for (int p = 0; p < g.num_recent_pages; ++p)  // free twins (released ones included)
+      if (c.recent_pool().refcount(p) == 0) poison_bf16(lv.k_recent, lv.v_recent, p, 0);
     for (cache::SeqId s : live) {
       const int len = c.seq_len(s), sink = c.sink_len(s), quant = len - sink;
       if (quant % bs != 0 && !c.block_table(s).empty()) poison_main(lv, c.block_table(s).back(), quant % bs);
       if (sink % bs != 0 && !c.sink_table(s).empty()) poison_sink(lv, c.sink_table(s).back(), sink % bs);
+      if (quant % bs != 0 && !c.recent_table(s).empty() && c.recent_table(s).back() >= 0)
+        poison_bf16(lv.k_recent, lv.v_recent, c.recent_table(s).back(), quant % bs);
     }
   }
   return Status::ok();
@@ -192,7 +240,8 @@ inline bool same_planes(const std::vector<cache::PagedKvCache::Planes>& a,
   if (a.size() != b.size()) return false;
   for (size_t l = 0; l < a.size(); ++l) {
     if (!eq(a[l].k_codes, b[l].k_codes) || !eq(a[l].v_codes, b[l].v_codes) || !eq(a[l].k_scales, b[l].k_scales) ||
-        !eq(a[l].v_scales, b[l].v_scales) || !eq(a[l].k_sink, b[l].k_sink) || !eq(a[l].v_sink, b[l].v_sink))
+        !eq(a[l].v_scales, b[l].v_scales) || !eq(a[l].k_sink, b[l].k_sink) || !eq(a[l].v_sink, b[l].v_sink) ||
+        !eq(a[l].k_recent, b[l].k_recent) || !eq(a[l].v_recent, b[l].v_recent))
       return false;
   }
   return true;

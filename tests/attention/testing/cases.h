@@ -24,6 +24,7 @@ struct AttnCase {
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   bool outliers = false;  // int4_outlier
   int head_dim = 64, num_kv_heads = 1, group = 1, block_size = 16, sink = 0;
+  ScaleDtype scale_dtype = ScaleDtype::kFp32;
   std::vector<int> lens;
   uint64_t seed = 0;
 
@@ -32,6 +33,7 @@ struct AttnCase {
   std::string name() const {
     std::string n = std::string(format_name(format)) + (outliers ? "_outlier" : "");
     if (is_quantized(format)) n += std::string("_") + granularity_name(granularity);
+    if (is_quantized(format) && scale_dtype == ScaleDtype::kFp16) n += "_fp16scales";
     return n + "_D" + std::to_string(head_dim) + "_Hkv" + std::to_string(num_kv_heads) + "_G" +
            std::to_string(group) + "_B" + std::to_string(block_size) + "_S" + std::to_string(sink);
   }
@@ -42,6 +44,7 @@ struct AttnCase {
     o.spec.outliers = outliers;
     o.spec.block_size = block_size;
     o.spec.sink_tokens = sink;
+    o.spec.scale_dtype = scale_dtype;
     o.kv.num_kv_heads = num_kv_heads;
     o.kv.head_dim = head_dim;
     o.seq_lens = lens;
@@ -107,6 +110,24 @@ inline std::vector<AttnCase> sampled_sweep() {
       c.lens = edge_lengths(c.block_size, c.sink, c.seed);
       cases.push_back(c);
     }
+  }
+  // fp16 scale planes: each quantized pair once more on a shape its fp32 runs skip (and the
+  // shapes rotate, so every granularity still meets every head_dim).
+  for (size_t i = 1; i < pairs.size(); ++i) {
+    AttnCase c;
+    const Shape& s = shapes[(3 * i + 3 + i % 3) % 6];
+    c.format = pairs[i].f;
+    c.granularity = pairs[i].g;
+    c.scale_dtype = ScaleDtype::kFp16;
+    c.head_dim = s.head_dim;
+    c.num_kv_heads = s.num_kv_heads;
+    c.group = s.group;
+    c.block_size = s.block_size;
+    const int sinks[] = {0, s.block_size, 20, 2 * s.block_size};
+    c.sink = sinks[(i + 1) % 4];
+    c.seed = 5000 + 17 * i;
+    c.lens = edge_lengths(c.block_size, c.sink, c.seed);
+    cases.push_back(c);
   }
   return cases;
 }

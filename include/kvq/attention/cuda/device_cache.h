@@ -39,7 +39,7 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-enum class Plane : uint8_t { kKCodes, kVCodes, kKScales, kVScales, kKSink, kVSink, kKAmax, kVAmax };
+enum class Plane : uint8_t { kKCodes, kVCodes, kKScales, kVScales, kKSink, kVSink, kKAmax, kVAmax, kKRecent, kVRecent };
 
 // One layer of a paged cache on the device, zero-filled at creation. The per_block_head amax
 // planes ([num_pages][num_kv_heads] floats) are the device twin of the host cache's private
@@ -61,7 +61,7 @@ class DeviceLayer {
 
  private:
   cache::CacheGeometry geom_;
-  DeviceBuffer planes_[8];
+  DeviceBuffer planes_[10];
 };
 
 // Padded batch tables on the device (see cache::BatchTablesView).

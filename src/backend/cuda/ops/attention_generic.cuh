@@ -78,13 +78,14 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
   const Format f = g.format;
   const bool quantized = g.has_scales();
   uint8_t* codes = kv == 0 ? p.layer.k_codes : p.layer.v_codes;
-  float* scales = kv == 0 ? p.layer.k_scales : p.layer.v_scales;
+  void* scales = kv == 0 ? p.layer.k_scales : p.layer.v_scales;
+  const ScaleDtype sd = g.scale_dtype;
   uint16_t* sink = kv == 0 ? p.layer.k_sink : p.layer.v_sink;
   const float* in = p.in[kv];
   auto row = [&](int t, int h) { return in + (size_t(t) * heads + h) * d; };
 
   // per_tensor: the first write reaching the main pool fixes the layer scale (0 = not yet set).
-  if (quantized && g.granularity == ScaleGranularity::kPerTensor && quant::tensor_scale_unset(scales[0])) {
+  if (quantized && g.granularity == ScaleGranularity::kPerTensor && quant::tensor_scale_unset(cache::load_scale(scales, 0, sd))) {
     float amax = 0.f;
     bool any = false;
     for (int t = 0; t < p.n; ++t) {
@@ -93,7 +94,7 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
       for (int h = 0; h < heads; ++h) amax = fmaxf(amax, row_amax(row(t, h), d));
     }
     __syncwarp();
-    if (any && threadIdx.x == 0) scales[0] = scale_for_amax(f, amax);
+    if (any && threadIdx.x == 0) cache::store_scale(scales, 0, scale_for_amax(f, amax, sd), sd);
     __syncwarp();
   }
 
@@ -107,13 +108,13 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
         continue;
       }
       if (!quantized || g.granularity == ScaleGranularity::kPerTensor) {
-        store_row(f, codes, g.code_offset(page, h, slot), row(t, h), d, quantized ? scales[0] : 1.f);
+        store_row(f, codes, g.code_offset(page, h, slot), row(t, h), d, quantized ? cache::load_scale(scales, 0, sd) : 1.f);
         ++t;
         continue;
       }
       if (g.granularity == ScaleGranularity::kPerTokenHead) {
-        const float scale = scale_for_amax(f, row_amax(row(t, h), d));
-        if (threadIdx.x == 0) scales[g.scale_index(page, h, slot)] = scale;
+        const float scale = scale_for_amax(f, row_amax(row(t, h), d), sd);
+        if (threadIdx.x == 0) cache::store_scale(scales, g.scale_index(page, h, slot), scale, sd);
         store_row(f, codes, g.code_offset(page, h, slot), row(t, h), d, scale);
         ++t;
         continue;
@@ -129,14 +130,14 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
       for (int r = 0; r < len; ++r) amax = fmaxf(amax, row_amax(row(t + r, h), d));
       const size_t si = g.scale_index(page, h, 0);
       float* amax_slot = p.amax[kv] + si;
-      float scale = scales[si];
+      float scale = cache::load_scale(scales, si, sd);
       if (slot == 0) {  // a fresh page head
-        scale = scale_for_amax(f, amax);
+        scale = scale_for_amax(f, amax, sd);
         __syncwarp();
-        if (threadIdx.x == 0) *amax_slot = amax, scales[si] = scale;
+        if (threadIdx.x == 0) *amax_slot = amax, cache::store_scale(scales, si, scale, sd);
       } else if (quant::block_scale_grows(amax, *amax_slot)) {
         // The page head's scale grows: re-quantize its earlier slots (dequantize with the old scale).
-        const float grown = scale_for_amax(f, amax);
+        const float grown = scale_for_amax(f, amax, sd);
         for (int r = 0; r < slot; ++r) {
           uint8_t* c = codes + g.code_offset(page, h, r);
           if (f == Format::kInt4) {  // a byte holds two codes: lane j re-encodes byte j
@@ -153,12 +154,36 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
         }
         scale = grown;
         __syncwarp();
-        if (threadIdx.x == 0) *amax_slot = amax, scales[si] = grown;
+        if (threadIdx.x == 0) *amax_slot = amax, cache::store_scale(scales, si, grown, sd);
       }
       __syncwarp();
       for (int r = 0; r < len; ++r) store_row(f, codes, g.code_offset(page, h, slot + r), row(t + r, h), d, scale);
       t += len;
     }
+  }
+}
+
+// The bf16 copies of a write's rows into their recent-window twins (block = one row; slots[row] < 0:
+// none), with the writer's bf16 rounding, so host and device twins agree bit for bit.
+struct RecentWriteParams {
+  cache::CacheGeometry geom;
+  cache::LayerView layer;
+  const float* in[2];    // [rows][heads][head_dim] fp32, K and V
+  const int32_t* slots;  // [rows] encode_main_slot in the recent pool, or -1
+};
+
+__global__ void write_recent_kernel(const RecentWriteParams p) {
+  const int row = blockIdx.x;
+  const int32_t s = p.slots[row];
+  if (s < 0) return;
+  const cache::CacheGeometry& g = p.geom;
+  const int d = g.head_dim, width = g.num_kv_heads * d;
+  const int page = cache::slot_page(s, g.block_size), slot = cache::slot_in_page(s, g.block_size);
+  for (int idx = threadIdx.x; idx < width; idx += blockDim.x) {
+    const int h = idx / d, i = idx - h * d;
+    const size_t e = g.elem_index(page, h, slot) + i;
+    p.layer.k_recent[e] = attention::cuda::detail::store16<Format::kBf16>(p.in[0][size_t(row) * width + idx]);
+    p.layer.v_recent[e] = attention::cuda::detail::store16<Format::kBf16>(p.in[1][size_t(row) * width + idx]);
   }
 }
 
@@ -174,30 +199,36 @@ struct GenericAttendParams {
   int prefill_pos0;  // < 0: decode (row r = sequence r); else causal prefill of sequence 0
 };
 
-// Where token j of one kv head lives: its dim 0 as an element index into the bf16 sink or a byte
-// offset into the codes plane (code_offset), and its K and V scales (1 for sink and 16-bit
-// tokens). Looked up once per token.
+// Where token j of one kv head lives: its dim 0 as an element index into the bf16 sink or recent-twin
+// plane, or a byte offset into the codes plane (code_offset), and its K and V scales (1 for bf16
+// and 16-bit tokens). Looked up once per token.
+enum : int { kTokCodes = 0, kTokSink = 1, kTokRecent = 2 };
 struct TokRef {
   unsigned long long elem;
   float ks, vs;
-  int sink;
+  int where;  // kTokCodes | kTokSink | kTokRecent
 };
 
 template <Format F>
-__device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq, int j, int sink_len, int kvh) {
+__device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq, int j, int sink_len, int kvh,
+                                          int q_pos) {
   const cache::CacheGeometry& g = p.geom;
   const int bs = g.block_size;
   if (j < sink_len) {
     const int page = p.tables.sink_tables[size_t(seq) * p.tables.max_sink_blocks + j / bs];
-    return {g.elem_index(page, kvh, j % bs), 1.f, 1.f, 1};
+    return {g.elem_index(page, kvh, j % bs), 1.f, 1.f, kTokSink};
   }
   const int u = j - sink_len;
+  if (cache::uses_recent(j, q_pos, g.recent_tokens)) {
+    const int page = p.tables.recent_tables[size_t(seq) * p.tables.max_blocks + u / bs];
+    return {g.elem_index(page, kvh, u % bs), 1.f, 1.f, kTokRecent};
+  }
   const int page = p.tables.block_tables[size_t(seq) * p.tables.max_blocks + u / bs], slot = u % bs;
-  TokRef t{g.code_offset(page, kvh, slot), 1.f, 1.f, 0};
+  TokRef t{g.code_offset(page, kvh, slot), 1.f, 1.f, kTokCodes};
   if constexpr (F != Format::kBf16 && F != Format::kFp16) {
     const size_t si = g.scale_index(page, kvh, slot);  // per_tensor: 0
-    t.ks = p.layer.k_scales[si];
-    t.vs = p.layer.v_scales[si];
+    t.ks = cache::load_scale(p.layer.k_scales, si, g.scale_dtype);
+    t.vs = cache::load_scale(p.layer.v_scales, si, g.scale_dtype);
   }
   return t;
 }
@@ -205,7 +236,8 @@ __device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq,
 // Element i of a token, dequantized as the host's dequantize_row does (code value * scale).
 template <Format F>
 __device__ __forceinline__ float tok_value(const GenericAttendParams& p, bool is_v, const TokRef& t, int i) {
-  if (t.sink) return format::bf16_to_float((is_v ? p.layer.v_sink : p.layer.k_sink)[t.elem + i]);
+  if (t.where == kTokSink) return format::bf16_to_float((is_v ? p.layer.v_sink : p.layer.k_sink)[t.elem + i]);
+  if (t.where == kTokRecent) return format::bf16_to_float((is_v ? p.layer.v_recent : p.layer.k_recent)[t.elem + i]);
   const uint8_t* c = is_v ? p.layer.v_codes : p.layer.k_codes;
   if constexpr (F == Format::kBf16) return format::bf16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
   else if constexpr (F == Format::kFp16) return format::fp16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
@@ -256,7 +288,7 @@ __global__ void __launch_bounds__(32 * kAttendHeadsPerCta) generic_attend_kernel
   };
   for (int c = 0; c < len; c += kAttendTile) {
     const int n = min(kAttendTile, len - c);
-    if (threadIdx.x < n) refs[threadIdx.x] = tok_ref<F>(p, seq, c + threadIdx.x, sink_len, kvh);
+    if (threadIdx.x < n) refs[threadIdx.x] = tok_ref<F>(p, seq, c + threadIdx.x, sink_len, kvh, len - 1);
     __syncthreads();
     load_tile(false, n);
     __syncthreads();
