@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "kvq/attention/synthetic.h"
 #include "kvq/cache/paged_cache.h"
@@ -37,11 +38,12 @@ bool same_bytes(const V& a, const V& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
 }
 
-class MixedCache : public ::testing::TestWithParam<ScaleGranularity> {};
+class MixedCache : public ::testing::TestWithParam<std::tuple<ScaleGranularity, ScaleDtype>> {};
 
 TEST_P(MixedCache, EveryPlaneEqualsTheUniformCacheOfItsFormat) {
   QuantSpec mixed;
-  mixed.granularity = GetParam();
+  mixed.granularity = std::get<0>(GetParam());
+  mixed.scale_dtype = std::get<1>(GetParam());
   mixed.sink_tokens = 16;
   mixed.plane_formats = kMix;
   mixed.format = kMix.front();
@@ -113,9 +115,11 @@ TEST_P(MixedCache, EveryPlaneEqualsTheUniformCacheOfItsFormat) {
   EXPECT_LT(r.code_bytes + r.scale_bytes, per_page * pages + 4 * kLayers * kPlaneAlignment);
 }
 
-INSTANTIATE_TEST_SUITE_P(Granularities, MixedCache,
-                         ::testing::Values(ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead,
-                                           ScaleGranularity::kPerTensor));
+INSTANTIATE_TEST_SUITE_P(GranularitiesAndScaleDtypes, MixedCache,
+                         ::testing::Combine(::testing::Values(ScaleGranularity::kPerTokenHead,
+                                                              ScaleGranularity::kPerBlockHead,
+                                                              ScaleGranularity::kPerTensor),
+                                            ::testing::Values(ScaleDtype::kFp32, ScaleDtype::kFp16)));
 
 TEST(MixedCacheConfig, RefusesAWrongLayerCount) {
   CacheConfig c = testing::make_config(Format::kInt8, ScaleGranularity::kPerTokenHead, 16, /*layers=*/2, 1, 16,
