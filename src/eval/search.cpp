@@ -142,6 +142,17 @@ Result<SearchReport> run_search(const model::Model& model, const std::vector<int
       r.spec = single_plane_spec(opts.base, cfg.n_layers, p, f);
       all.push_back(std::move(r));
     }
+  // The floor: every plane bf16 but the global settings kept. A rotation, for one, changes how K
+  // rounds to bf16, so each lane above carries this KL whichever plane it quantizes; it is common
+  // to all of them, not additive, and is taken out of each plane's KL (and counted once).
+  {
+    SpecRequest r;
+    r.label = "floor";
+    r.spec = opts.base;
+    r.spec.plane_formats.assign(static_cast<size_t>(planes), Format::kBf16);
+    r.spec.format = Format::kBf16;
+    all.push_back(std::move(r));
+  }
   rep.plane_kl.assign(static_cast<size_t>(planes), std::vector<double>(nc, kNaN));
   const size_t batch = static_cast<size_t>(std::max(1, opts.lanes_per_pass));
   for (size_t i0 = 0; i0 < all.size(); i0 += batch) {
@@ -159,7 +170,8 @@ Result<SearchReport> run_search(const model::Model& model, const std::vector<int
       for (size_t i = i0; i < i1; ++i) {
         if (all[i].label != row.label) continue;
         if (!row.error.empty()) return internal_error("search sensitivity " + row.label + ": " + row.error);
-        rep.plane_kl[i / nc][i % nc] = row.kl_mean;
+        if (i + 1 == all.size()) rep.floor_kl = row.kl_mean;
+        else rep.plane_kl[i / nc][i % nc] = row.kl_mean;
       }
     }
   }
@@ -174,9 +186,14 @@ Result<SearchReport> run_search(const model::Model& model, const std::vector<int
     s.format = option_format[o];
     bytes.resize(option_format.size());
     bytes[o] = cache::bytes_per_page(s, 1, cfg.n_kv_heads, cfg.head_dim) / 2;
-    for (int p = 0; p < planes && o > 0; ++p) kl[static_cast<size_t>(p)][o] = rep.plane_kl[static_cast<size_t>(p)][o - 1];
+    for (int p = 0; p < planes && o > 0; ++p)
+      kl[static_cast<size_t>(p)][o] = std::max(0.0, rep.plane_kl[static_cast<size_t>(p)][o - 1] - rep.floor_kl);
   }
-  double target = opts.budget_kl;
+  if (!(rep.floor_kl <= opts.budget_kl))
+    return invalid_argument("the search's global settings alone (every plane bf16: " + opts.base.to_string() +
+                            ") cost KL " + fmt("%.3g", rep.floor_kl) + ", more than --budget-kl " +
+                            fmt("%.3g", opts.budget_kl) + "; raise the budget or change those settings");
+  double target = opts.budget_kl - rep.floor_kl;
   for (int round = 0; round < std::max(1, opts.max_rounds); ++round) {
     const MixChoice m = choose_mix(kl, bytes, target);
     if (!m.feasible) return internal_error("search: no mix within the budget, not even all-bf16");
@@ -200,8 +217,8 @@ Result<SearchReport> run_search(const model::Model& model, const std::vector<int
     rep.verify_windows = r.value().num_windows;
     rep.baseline = r.value().baseline;
     SearchRound sr;
-    sr.target_kl = target;
-    sr.predicted_kl = m.predicted_kl;
+    sr.target_kl = target + rep.floor_kl;
+    sr.predicted_kl = m.predicted_kl + rep.floor_kl;
     for (const SpecResult& row : r.value().results) {
       if (row.is_baseline) continue;
       if (!row.error.empty()) return internal_error("search verification " + row.label + ": " + row.error);
@@ -236,7 +253,9 @@ std::string format_search(const SearchReport& r) {
     for (double v : r.plane_kl[p]) s += fmt("%12.3e", v);
     s += "   " + std::string(format_name(r.chosen.plane_format(static_cast<int>(p / 2), static_cast<int>(p % 2)))) + "\n";
   }
-  s += "\nbudget KL " + fmt("%.3g", r.budget_kl) + " (predicted = sum of the chosen planes' KLs; verified on " +
+  s += "floor (every plane bf16, same settings): KL " + fmt("%.3e", r.floor_kl) +
+       ", subtracted from each plane's KL above and counted once\n";
+  s += "\nbudget KL " + fmt("%.3g", r.budget_kl) + " (predicted = floor + sum of the chosen planes' KLs; verified on " +
        std::to_string(r.verify_windows) + " window(s) x " + std::to_string(r.verify_ctx) + " tokens)\n";
   for (size_t i = 0; i < r.rounds.size(); ++i) {
     const SearchRound& sr = r.rounds[i];
@@ -280,6 +299,7 @@ std::string search_json_extra(const SearchReport& r) {
   for (Format f : r.candidates) names.push_back(format_name(f));
   s["sensitivity_formats"] = names;
   s["sensitivity_kl"] = r.plane_kl;  // [2 * layer + kv][candidate]
+  s["sensitivity_floor_kl"] = r.floor_kl;
   s["sensitivity_ctx"] = r.sens_ctx;
   s["verify_ctx"] = r.verify_ctx;
   j["search"] = s;

@@ -3,7 +3,9 @@
 // against the bf16 cache within a budget with the fewest bytes.
 //
 // 1. Sensitivity: for every plane (layer l, K or V) and candidate format f, one eval lane stores
-//    that plane in f and every other plane in bf16; its mean KL vs the bf16 cache is kl[plane][f].
+//    that plane in f and every other plane in bf16; its mean KL vs the bf16 cache, less the KL of
+//    the all-bf16 lane with the same global settings (the floor: a rotation alone moves bf16
+//    rounding), is kl[plane][f]. The floor is common to every lane, so it is counted once.
 // 2. Choice: assuming the planes' errors add up (total KL ~ sum of the planes' KLs: small,
 //    independent perturbations of the logits, to first order), pick one option per plane (bf16 at
 //    KL 0, or a candidate) minimising bytes per page subject to sum KL <= budget. That is a
@@ -48,7 +50,7 @@ struct SearchOptions {
 };
 
 struct SearchRound {
-  double target_kl = 0;     // budget the choice was made against
+  double target_kl = 0;     // budget the choice was made against (floor included)
   double predicted_kl = 0;  // sum of the chosen planes' sensitivity KLs
   SpecResult measured;      // the verification run
 };
@@ -57,7 +59,8 @@ struct SearchReport {
   std::string model_name;
   int num_layers = 0;
   std::vector<Format> candidates;
-  std::vector<std::vector<double>> plane_kl;  // [2 * layer + kv][candidate]
+  std::vector<std::vector<double>> plane_kl;  // [2 * layer + kv][candidate], floor included
+  double floor_kl = 0;  // every plane bf16 with the same global settings (rotation, sink)
   double budget_kl = 0;
   std::vector<SearchRound> rounds;
   QuantSpec chosen;                     // the last round's mix
