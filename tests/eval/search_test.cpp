@@ -86,8 +86,9 @@ TEST(Search, Stories260KMeetsItsBudgetOnVerification) {
   for (const auto& row : rep.plane_kl)
     for (double k : row) EXPECT_TRUE(std::isfinite(k) && k >= 0);
   // Without a rotation the all-bf16 lane stores what the baseline stores (sink or pages, both
-  // bf16): its KL is exactly 0.
-  EXPECT_EQ(rep.floor_kl, 0.0);
+  // bf16); only float rounding of the sink/pages softmax merge is left (3e-9 measured).
+  EXPECT_GE(rep.floor_kl, 0.0);
+  EXPECT_LT(rep.floor_kl, 1e-7);
   ASSERT_FALSE(rep.rounds.empty());
   EXPECT_TRUE(rep.met);
   const SpecResult& mix = rep.rounds.back().measured;
