@@ -18,6 +18,7 @@ CacheGeometry geometry_of(const QuantSpec& spec, int num_layers, int num_kv_head
 }
 
 bool valid_shape(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim) {
+  if (spec.mixed() && spec.plane_formats.size() != static_cast<size_t>(num_layers) * 2) return false;
   return num_layers > 0 && num_kv_heads > 0 && head_dim > 0 && spec.block_size > 0;
 }
 
@@ -25,10 +26,15 @@ bool valid_shape(const QuantSpec& spec, int num_layers, int num_kv_heads, int he
 
 size_t bytes_per_page(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim) {
   if (!valid_shape(spec, num_layers, num_kv_heads, head_dim)) return 0;
-  const CacheGeometry g = geometry_of(spec, num_layers, num_kv_heads, head_dim);
-  const size_t one_plane = g.bytes_per_page() + g.scales_per_page() * g.scale_bytes() +
-                          g.outlier_words_per_page() * sizeof(uint32_t);
-  return static_cast<size_t>(num_layers) * 2 * one_plane;
+  CacheGeometry g = geometry_of(spec, num_layers, num_kv_heads, head_dim);
+  size_t total = 0;
+  for (int l = 0; l < num_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      g.format = spec.plane_format(l, kv);
+      total += g.bytes_per_page() + g.scales_per_page() * g.scale_bytes() + g.outlier_words_per_page() * sizeof(uint32_t);
+    }
+  }
+  return total;
 }
 
 size_t bytes_per_token(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim) {

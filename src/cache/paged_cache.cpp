@@ -48,11 +48,16 @@ Status validate(const CacheConfig& cfg) {
   if (sp.block_size != 16 && sp.block_size != 32) {
     return invalid_argument("block size " + std::to_string(sp.block_size) + " is not supported; accepted: 16, 32");
   }
-  if (!format_traits(sp.format).cache_ready)
+  if (sp.mixed()) {
+    KVQ_RETURN_IF_ERROR(check_plane_formats(sp, cfg.num_layers));
+  } else if (!format_traits(sp.format).cache_ready) {
     return unsupported(std::string(format_name(sp.format)) + " KV cache not implemented yet; use int8 or fp8");
+  }
   if (sp.scale_dtype != ScaleDtype::kFp32 && sp.scale_dtype != ScaleDtype::kFp16) {
     return invalid_argument("unknown scale dtype value " + std::to_string(static_cast<int>(sp.scale_dtype)));
   }
+  if (sp.outliers && sp.mixed())
+    return unsupported("int4_outlier is not available in a per-layer config; use int4 there");
   if (sp.outliers && (sp.format != Format::kInt4 || sp.granularity != ScaleGranularity::kPerTokenHead))
     return unsupported("outlier side planes (int4_outlier) go with int4 per_token_head scales only");
   if (sp.outliers && sp.scale_dtype != ScaleDtype::kFp32)
@@ -121,12 +126,24 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
   g.recent_tokens = cfg.spec.quantized() ? cfg.spec.recent_tokens : 0;
   g.num_recent_pages = g.recent_tokens > 0 ? cfg.num_recent_pages : 0;
 
+  for (int l = 0; l < g.num_layers; ++l) {
+    CacheGeometry lg = g;
+    lg.format = cfg.spec.plane_format(l, 0);
+    lg.v_format = cfg.spec.plane_format(l, 1);
+    lg.mixed_kv = lg.v_format != lg.format;
+    c->layer_geom_.push_back(lg);
+  }
+
   // Checked in floating point first: the exact product can overflow size_t for absurd shapes.
-  const double per_layer = 2.0 * (static_cast<double>(g.elems_per_page()) * format_bits(g.format) / 8 * g.num_pages +
-                                  static_cast<double>(g.elems_per_page()) * 2 * (g.num_sink_pages + g.num_recent_pages) +
-                                  static_cast<double>(g.scales_per_page()) * g.scale_bytes() * g.num_pages +
-                                  static_cast<double>(g.outlier_plane_bytes()));
-  const double total = per_layer * g.num_layers;
+  double total = 0;
+  for (const CacheGeometry& lg : c->layer_geom_) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const CacheGeometry pg = lg.plane(kv);
+      total += static_cast<double>(pg.elems_per_page()) * format_bits(pg.format) / 8 * pg.num_pages +
+               static_cast<double>(pg.elems_per_page()) * 2 * (pg.num_sink_pages + pg.num_recent_pages) +
+               static_cast<double>(pg.scales_per_page()) * pg.scale_bytes() * pg.num_pages + static_cast<double>(pg.outlier_plane_bytes());
+    }
+  }
   constexpr double kLimit = 1ull << 46;  // 64 TiB: beyond any host this runs on
   if (total > kLimit) {
     return out_of_memory("the cache would need " + std::to_string(total / (1ull << 30)) +
@@ -141,11 +158,13 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
       return c;
     }
     c->layers_.resize(static_cast<size_t>(g.num_layers));
-    for (Planes& p : c->layers_) {
-      p.k_codes.resize(g.code_plane_bytes());
-      p.v_codes.resize(g.code_plane_bytes());
-      p.k_scales.resize(g.scale_plane_bytes() / sizeof(float));
-      p.v_scales.resize(g.scale_plane_bytes() / sizeof(float));
+    for (int l = 0; l < g.num_layers; ++l) {
+      Planes& p = c->layers_[static_cast<size_t>(l)];
+      const CacheGeometry kg = c->plane_geom(l, 0), vg = c->plane_geom(l, 1);
+      p.k_codes.resize(kg.code_plane_bytes());
+      p.v_codes.resize(vg.code_plane_bytes());
+      p.k_scales.resize(kg.scale_plane_bytes() / sizeof(float));
+      p.v_scales.resize(vg.scale_plane_bytes() / sizeof(float));
       p.k_sink.resize(g.sink_plane_bytes() / sizeof(uint16_t));
       p.v_sink.resize(g.sink_plane_bytes() / sizeof(uint16_t));
       p.k_outliers.resize(g.outlier_plane_bytes() / sizeof(uint32_t));
@@ -155,7 +174,7 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
     }
     if (g.outlier_capacity > 0)
       c->channel_stats_.assign(static_cast<size_t>(g.num_layers) * 2, quant::ChannelStats(g.num_kv_heads * g.head_dim));
-    if (g.has_scales() && g.granularity == ScaleGranularity::kPerBlockHead) {
+    if (cfg.spec.quantized() && g.granularity == ScaleGranularity::kPerBlockHead) {
       c->block_amax_.assign(static_cast<size_t>(g.num_layers) * 2 * g.num_pages * g.num_kv_heads, 0.f);
     }
     c->tensor_scale_set_.assign(static_cast<size_t>(g.num_layers) * 2, 0);
@@ -364,14 +383,14 @@ Status PagedKvCache::copy_page(bool sink, int32_t from, int32_t to) {
       std::memcpy(p.v_sink.data() + n * to, p.v_sink.data() + n * from, n * sizeof(uint16_t));
       continue;
     }
-    const size_t nb = geom_.bytes_per_page();
-    std::memcpy(p.k_codes.data() + nb * to, p.k_codes.data() + nb * from, nb);
-    std::memcpy(p.v_codes.data() + nb * to, p.v_codes.data() + nb * from, nb);
-    const size_t ns = geom_.scales_per_page();
-    if (ns > 0) {
-      const size_t nsb = ns * geom_.scale_bytes();
-      std::memcpy(p.k_scale_bytes() + nsb * to, p.k_scale_bytes() + nsb * from, nsb);
-      std::memcpy(p.v_scale_bytes() + nsb * to, p.v_scale_bytes() + nsb * from, nsb);
+    for (int kv = 0; kv < 2; ++kv) {
+      const CacheGeometry pg = plane_geom(l, kv);
+      uint8_t* codes = kv == 0 ? p.k_codes.data() : p.v_codes.data();
+      const size_t nb = pg.bytes_per_page();
+      std::memcpy(codes + nb * to, codes + nb * from, nb);
+      const size_t nsb = pg.scales_per_page() * pg.scale_bytes();
+      uint8_t* scales = kv == 0 ? p.k_scale_bytes() : p.v_scale_bytes();
+      if (nsb > 0) std::memcpy(scales + nsb * to, scales + nsb * from, nsb);
     }
     const size_t nw = geom_.outlier_words_per_page();
     if (nw > 0) {
@@ -503,7 +522,6 @@ Status PagedKvCache::extend(SeqId seq, int n_tokens) {
 void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0, int slot1, const float* k,
                                    const float* v) {
   const int bs = geom_.block_size, heads = geom_.num_kv_heads, d = geom_.head_dim;
-  const Format f = geom_.format;
   const int32_t page = s.blocks[static_cast<size_t>(block)];
   const size_t row_stride = static_cast<size_t>(heads) * d;  // floats between tokens of the input
   // Slots of this page already holding this layer's data and not overwritten now.
@@ -511,35 +529,37 @@ void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0,
   const int filled = std::clamp(s.written[static_cast<size_t>(layer)] - page_first_token, 0, bs);
   Planes& pl = layers_[static_cast<size_t>(layer)];
   const ScaleDtype sd = geom_.scale_dtype;
-  // The stored scale of a row or run with this amax, its fp16 clamping counted.
-  auto scale_of = [&](float amax) {
-    stats_.scale_clamped += quant::scale_clamped(f, amax, sd);
-    return quant::scale_for_amax(f, amax, sd);
-  };
 
   for (int kv = 0; kv < 2; ++kv) {
+    const CacheGeometry g = plane_geom(layer, kv);
+    const Format f = g.format;
+    // The stored scale of a row or run with this amax, its fp16 clamping counted.
+    auto scale_of = [&](float amax) {
+      stats_.scale_clamped += quant::scale_clamped(f, amax, sd);
+      return quant::scale_for_amax(f, amax, sd);
+    };
     const float* src = kv == 0 ? k : v;
     uint8_t* codes = kv == 0 ? pl.k_codes.data() : pl.v_codes.data();
     void* scales = kv == 0 ? pl.k_scales.data() : pl.v_scales.data();
     for (int h = 0; h < heads; ++h) {
       auto row = [&](int slot) { return src + static_cast<size_t>(slot - slot0) * row_stride + static_cast<size_t>(h) * d; };
-      auto dst = [&](int slot) { return codes + geom_.code_offset(page, h, slot); };
-      if (!geom_.has_scales() || geom_.granularity == ScaleGranularity::kPerTensor) {
-        const float scale = geom_.has_scales() ? load_scale(scales, 0, sd) : 1.0f;
+      auto dst = [&](int slot) { return codes + g.code_offset(page, h, slot); };
+      if (!g.has_scales() || g.granularity == ScaleGranularity::kPerTensor) {
+        const float scale = g.has_scales() ? load_scale(scales, 0, sd) : 1.0f;
         for (int t = slot0; t < slot1; ++t) quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
-      } else if (geom_.outlier_capacity > 0) {
+      } else if (g.outlier_capacity > 0) {
         write_outlier_rows(layer, kv, page, h, slot0, slot1, filled, row);
-      } else if (geom_.granularity == ScaleGranularity::kPerTokenHead) {
+      } else if (g.granularity == ScaleGranularity::kPerTokenHead) {
         for (int t = slot0; t < slot1; ++t) {
           const float scale = scale_of(quant::finite_amax(row(t), d));
-          store_scale(scales, geom_.scale_index(page, h, t), scale, sd);
+          store_scale(scales, g.scale_index(page, h, t), scale, sd);
           quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
         }
       } else {  // per_block_head
         float amax = 0.f;
         for (int t = slot0; t < slot1; ++t) amax = std::max(amax, quant::finite_amax(row(t), d));
         float& page_amax = *block_amax(layer, kv, page, h);
-        const size_t si = geom_.scale_index(page, h, 0);
+        const size_t si = g.scale_index(page, h, 0);
         float scale = load_scale(scales, si, sd);
         const bool keeps_old = slot0 > 0 || slot1 < filled;
         if (!keeps_old) {
@@ -659,14 +679,15 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
       channel_stats_[static_cast<size_t>(layer) * 2 + 1].update(v0, end - t0);
     }
     quant::QuantStats ignored;  // the codes' write counts these tokens' non-finite inputs already
-    if (geom_.has_scales() && geom_.granularity == ScaleGranularity::kPerTensor) {
+    if (geom_.granularity == ScaleGranularity::kPerTensor) {
       // The layer's scale is fixed by the first write reaching the quantized pages.
       const size_t n = static_cast<size_t>(end - t0) * row_stride;
       for (int kv = 0; kv < 2; ++kv) {
         uint8_t& set = tensor_scale_set_[static_cast<size_t>(layer) * 2 + kv];
-        if (set) continue;
+        const CacheGeometry g = plane_geom(layer, kv);
+        if (set || !g.has_scales()) continue;
         const float amax = quant::finite_amax(kv == 0 ? k0 : v0, static_cast<int>(n));
-        set_tensor_scale(pl, kv, amax);
+        set_tensor_scale(pl, kv, g.format, amax);
         set = 1;
       }
     }
@@ -693,21 +714,22 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
   return Status::ok();
 }
 
-void PagedKvCache::set_tensor_scale(Planes& pl, int kv, float amax) {
-  stats_.scale_clamped += quant::scale_clamped(geom_.format, amax, geom_.scale_dtype);
-  store_scale(kv == 0 ? pl.k_scales.data() : pl.v_scales.data(), 0,
-              quant::scale_for_amax(geom_.format, amax, geom_.scale_dtype), geom_.scale_dtype);
+void PagedKvCache::set_tensor_scale(Planes& pl, int kv, Format f, float amax) {
+  stats_.scale_clamped += quant::scale_clamped(f, amax, geom_.scale_dtype);
+  store_scale(kv == 0 ? pl.k_scales.data() : pl.v_scales.data(), 0, quant::scale_for_amax(f, amax, geom_.scale_dtype),
+              geom_.scale_dtype);
 }
 
 Status PagedKvCache::fix_tensor_scale(int layer, float k_amax, float v_amax) {
   if (!cfg_.host_planes) return no_planes("fix_tensor_scale()");
   KVQ_RETURN_IF_ERROR(check_layer(layer));
-  if (!geom_.has_scales() || geom_.granularity != ScaleGranularity::kPerTensor) return Status::ok();
+  if (geom_.granularity != ScaleGranularity::kPerTensor) return Status::ok();
   Planes& pl = layers_[static_cast<size_t>(layer)];
   for (int kv = 0; kv < 2; ++kv) {
     uint8_t& set = tensor_scale_set_[static_cast<size_t>(layer) * 2 + kv];
-    if (set) continue;
-    set_tensor_scale(pl, kv, kv == 0 ? k_amax : v_amax);
+    const CacheGeometry g = plane_geom(layer, kv);
+    if (set || !g.has_scales()) continue;
+    set_tensor_scale(pl, kv, g.format, kv == 0 ? k_amax : v_amax);
     set = 1;
   }
   return Status::ok();
@@ -740,23 +762,20 @@ Status PagedKvCache::read_token(SeqId seq, int layer, int pos, float* k, float* 
   const int u = pos - s.sink_capacity;
   const int32_t page = s.blocks[static_cast<size_t>(u / bs)];
   const int slot = u % bs;
-  for (int h = 0; h < heads; ++h) {
-    const size_t off = geom_.code_offset(page, h, slot);
-    float ks = 1.f, vs = 1.f;
-    if (geom_.has_scales()) {
-      ks = load_scale(pl.k_scales.data(), geom_.scale_index(page, h, slot), geom_.scale_dtype);
-      vs = load_scale(pl.v_scales.data(), geom_.scale_index(page, h, slot), geom_.scale_dtype);
-    }
-    quant::dequantize_row(geom_.format, pl.k_codes.data() + off, d, ks, k + static_cast<size_t>(h) * d);
-    quant::dequantize_row(geom_.format, pl.v_codes.data() + off, d, vs, v + static_cast<size_t>(h) * d);
-    if (geom_.outlier_capacity > 0) {
-      for (int kv = 0; kv < 2; ++kv) {
-        const uint32_t* plane = (kv == 0 ? pl.k_outliers : pl.v_outliers).data() + geom_.outlier_index(page, h);
-        float* out = (kv == 0 ? k : v) + static_cast<size_t>(h) * d;
-        for (uint32_t j = 0; j < plane[0]; ++j) {
-          const quant::OutlierEntry e = quant::unpack_outlier(plane[1 + j]);
-          if (e.index / d == slot) out[e.index % d] = format::fp16_to_float(e.value);
-        }
+  for (int kv = 0; kv < 2; ++kv) {
+    const CacheGeometry g = plane_geom(layer, kv);
+    const uint8_t* codes = kv == 0 ? pl.k_codes.data() : pl.v_codes.data();
+    const float* scales = kv == 0 ? pl.k_scales.data() : pl.v_scales.data();
+    float* out = kv == 0 ? k : v;
+    for (int h = 0; h < heads; ++h) {
+      const size_t off = g.code_offset(page, h, slot);
+      const float sc = g.has_scales() ? load_scale(scales, g.scale_index(page, h, slot), g.scale_dtype) : 1.f;
+      quant::dequantize_row(g.format, codes + off, d, sc, out + static_cast<size_t>(h) * d);
+      if (g.outlier_capacity == 0) continue;
+      const uint32_t* plane = (kv == 0 ? pl.k_outliers : pl.v_outliers).data() + g.outlier_index(page, h);
+      for (uint32_t j = 0; j < plane[0]; ++j) {
+        const quant::OutlierEntry e = quant::unpack_outlier(plane[1 + j]);
+        if (e.index / d == slot) out[static_cast<size_t>(h) * d + e.index % d] = format::fp16_to_float(e.value);
       }
     }
   }
@@ -826,10 +845,8 @@ LayerView PagedKvCache::layer_view(int layer) {
   Planes& p = layers_[static_cast<size_t>(layer)];
   view.k_codes = p.k_codes.data();
   view.v_codes = p.v_codes.data();
-  if (geom_.has_scales()) {
-    view.k_scales = p.k_scales.data();
-    view.v_scales = p.v_scales.data();
-  }
+  if (plane_geom(layer, 0).has_scales()) view.k_scales = p.k_scales.data();
+  if (plane_geom(layer, 1).has_scales()) view.v_scales = p.v_scales.data();
   if (geom_.num_sink_pages > 0) {
     view.k_sink = p.k_sink.data();
     view.v_sink = p.v_sink.data();

@@ -51,7 +51,8 @@ void apply_gate(std::vector<SpecResult>& results, double gate) {
 }
 
 bool same_cache(const QuantSpec& a, const QuantSpec& b) {
-  if (a.format != b.format || a.rotation != b.rotation || a.outliers != b.outliers) return false;
+  if (a.rotation != b.rotation || a.plane_formats != b.plane_formats || a.outliers != b.outliers) return false;
+  if (!a.mixed() && a.format != b.format) return false;
   if (!a.quantized()) return true;
   return a.granularity == b.granularity && a.scale_dtype == b.scale_dtype && a.block_size == b.block_size &&
          a.sink_tokens == b.sink_tokens && a.recent_tokens == b.recent_tokens;

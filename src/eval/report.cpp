@@ -127,7 +127,7 @@ std::string report_json(const EvalReport& rep, const ReportContext& ctx, int ind
     json j;
     j["label"] = r.label;
     j["spec"] = r.is_baseline ? "bf16" : r.spec.to_string();
-    j["format"] = format_name(r.spec.format);
+    j["format"] = r.spec.mixed() ? "mixed" : format_name(r.spec.format);
     j["granularity"] = r.spec.quantized() ? json(granularity_name(r.spec.granularity)) : json(nullptr);
     j["sink_tokens"] = r.spec.quantized() ? r.spec.sink_tokens : 0;
     j["block_size"] = r.spec.block_size;

@@ -397,7 +397,7 @@ Status Engine::Impl::run_layers(int rows, int num_decode, const std::vector<Piec
     const cache::LayerView lv = storage->layer(l);
     if (num_decode > 0) {
       backend::DecodeArgs a;
-      a.geom = book->geometry();
+      a.geom = book->layer_geometry(l);
       a.layer = lv;
       a.tables = cache::BatchTablesView{num_decode,         dec_lens.as<int32_t>(), dec_sink_lens.as<int32_t>(),
                                         dec_blocks.as<int32_t>(), max_blocks,      dec_sink_blocks.as<int32_t>(),
@@ -409,7 +409,7 @@ Status Engine::Impl::run_layers(int rows, int num_decode, const std::vector<Piec
     for (size_t pi = static_cast<size_t>(num_decode), j = 0; pi < pieces.size(); ++pi, ++j) {
       const Piece& p = pieces[pi];
       backend::PrefillArgs a;
-      a.geom = book->geometry();
+      a.geom = book->layer_geometry(l);
       a.layer = lv;
       a.tables = cache::BatchTablesView{1,
                                         pf_lens.as<int32_t>() + j,

@@ -1,5 +1,7 @@
 #include "kvq/quant/spec.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <string>
 
 namespace kvq {
@@ -37,8 +39,20 @@ Result<KvRotation> parse_rotation(std::string_view s) {
   return invalid_argument("unknown --kv-rotate '" + std::string(s) + "'; accepted: none, hadamard");
 }
 
+bool QuantSpec::quantized() const {
+  if (plane_formats.empty()) return is_quantized(format);
+  return std::any_of(plane_formats.begin(), plane_formats.end(), [](Format f) { return is_quantized(f); });
+}
+
 std::string QuantSpec::to_string() const {
   std::string s = outliers ? "int4_outlier" : format_name(format);
+  if (mixed()) {
+    uint32_t h = 2166136261u;  // FNV-1a: a short tag that tells two mixes apart in tables and logs
+    for (Format f : plane_formats) h = (h ^ static_cast<uint32_t>(f)) * 16777619u;
+    char tag[16];
+    std::snprintf(tag, sizeof tag, "%08x", h);
+    s = "mixed:" + std::to_string(plane_formats.size()) + "x" + tag;
+  }
   // A granularity or scale dtype means nothing for unquantized storage, so it is not printed.
   if (quantized()) {
     s += '/';
@@ -50,6 +64,21 @@ std::string QuantSpec::to_string() const {
   if (quantized() && recent_tokens > 0) s += "/recent" + std::to_string(recent_tokens);
   if (rotation != KvRotation::kNone) s += std::string("/") + rotation_name(rotation);
   return s;
+}
+
+Status check_plane_formats(const QuantSpec& spec, int num_layers) {
+  if (!spec.mixed()) return Status::ok();
+  if (spec.plane_formats.size() != static_cast<size_t>(2) * static_cast<size_t>(std::max(num_layers, 0)))
+    return invalid_argument("the per-layer cache config has " + std::to_string(spec.plane_formats.size() / 2) +
+                            " layers but the model has " + std::to_string(num_layers) +
+                            "; write one {\"k\": ..., \"v\": ...} entry per layer (kvq eval --search makes one)");
+  for (size_t i = 0; i < spec.plane_formats.size(); ++i) {
+    const Format f = spec.plane_formats[i];
+    if (!format_traits(f).cache_ready)
+      return unsupported("layer " + std::to_string(i / 2) + (i % 2 ? " V" : " K") + ": " + format_name(f) +
+                         " caches are not implemented yet");
+  }
+  return Status::ok();
 }
 
 Result<Format> parse_kv_cache_dtype(std::string_view s) {

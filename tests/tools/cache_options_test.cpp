@@ -12,6 +12,7 @@
 
 #include "kvq/cache_options.h"
 #include "kvq/cli_support.h"
+#include "kvq/common/file_io.h"
 
 namespace kvq::tools {
 namespace {
@@ -204,6 +205,36 @@ TEST(CacheOptions, RotationReachesTheSpecOfEveryEngineCommand) {
   }
   for (CacheCommand cmd : {CacheCommand::kEval, CacheCommand::kGenerate, CacheCommand::kServe})
     EXPECT_TRUE(cache_flag_set(cmd).rotate) << name_of(cmd);
+}
+
+// --kv-config: eval adds the file's mix to its list, generate and serve use it in place of the
+// dtype; both keep the global settings of the flags; a bad file is refused naming the flag.
+TEST(CacheOptions, KvConfigReachesTheSpecOfEveryEngineCommand) {
+  const std::string good = std::string(KVQ_TEST_BINARY_DIR) + "/kv_config_ok.json";
+  const std::string bad = std::string(KVQ_TEST_BINARY_DIR) + "/kv_config_bad.json";
+  ASSERT_TRUE(write_file_atomic(good, R"({"layers": [{"k": "int8", "v": "fp8"}, {"k": "bf16", "v": "int8"}]})",
+                                "test").is_ok());
+  ASSERT_TRUE(write_file_atomic(bad, R"({"layers": [{"k": "int8", "v": "fp9"}]})", "test").is_ok());
+  const std::vector<Format> want = {Format::kInt8, Format::kFp8E4m3, Format::kBf16, Format::kInt8};
+  for (CacheCommand cmd : kAllCacheCommands) {
+    if (!cache_flag_set(cmd).kv_config) {
+      EXPECT_FALSE(run(cmd, {{"--kv-config", good.c_str()}}).parsed) << name_of(cmd);
+      continue;
+    }
+    const Outcome o = run(cmd, {{"--kv-cache-dtype", "int8"}, {"--kv-sink-tokens", "32"},
+                                {"--kv-scale-granularity", "per_block_head"}, {"--kv-config", good.c_str()}});
+    ASSERT_TRUE(o.parsed) << name_of(cmd) << ": " << o.error;
+    ASSERT_EQ(o.specs.size(), cmd == CacheCommand::kEval ? 2u : 1u) << name_of(cmd);
+    const QuantSpec& s = o.specs.back();
+    EXPECT_EQ(s.plane_formats, want) << name_of(cmd);
+    EXPECT_EQ(s.sink_tokens, 32) << name_of(cmd);
+    EXPECT_EQ(s.granularity, ScaleGranularity::kPerBlockHead) << name_of(cmd);
+    const Outcome b = run(cmd, {{"--kv-config", bad.c_str()}});
+    EXPECT_NE(b.error.find("--kv-config: "), std::string::npos) << name_of(cmd) << ": " << b.error;
+    EXPECT_NE(b.error.find("layers[0].v"), std::string::npos) << name_of(cmd) << ": " << b.error;
+  }
+  for (CacheCommand cmd : {CacheCommand::kEval, CacheCommand::kGenerate, CacheCommand::kServe})
+    EXPECT_TRUE(cache_flag_set(cmd).kv_config) << name_of(cmd);
 }
 
 TEST(CacheOptions, RecentWindowReachesTheSpecOfEveryEngineCommand) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "kvq/cli_support.h"
+#include "kvq/quant/layer_config.h"
 
 namespace kvq::tools {
 namespace {
@@ -39,6 +40,7 @@ CacheFlagSet make_bench_decode() {
   s.defaults.kv_cache_dtype = "bf16,fp8_e4m3,fp8_fnuz,int8";
   s.rotate = false;  // times the attention kernels alone; a rotation would not change them
   s.recent = false;
+  s.kv_config = false;
   s.aliases = {{"--formats", "--kv-cache-dtype"}, {"--granularity", "--kv-scale-granularity"},
                {"--sink", "--kv-sink-tokens"}};
   return s;
@@ -49,7 +51,7 @@ CacheFlagSet make_bench_write() {
   s.command = "bench write";
   s.lists = true;
   s.sink = false;  // the write benchmark has no sink
-  s.rotate = s.recent = false;
+  s.rotate = s.recent = s.kv_config = false;
   s.defaults.kv_cache_dtype = "fp8_e4m3,fp8_fnuz,int8,bf16";
   s.defaults.kv_scale_granularity = "per_token_head,per_block_head";
   s.aliases = {{"--formats", "--kv-cache-dtype"}, {"--granularities", "--kv-scale-granularity"}};
@@ -59,7 +61,7 @@ CacheFlagSet make_bench_write() {
 CacheFlagSet make_report() {
   CacheFlagSet s;
   s.command = "report";
-  s.dtype = s.granularity = s.scale_dtype = s.backend = s.rotate = s.recent = false;  // report sweeps every format itself, on the CPU
+  s.dtype = s.granularity = s.scale_dtype = s.backend = s.rotate = s.recent = s.kv_config = false;  // report sweeps every format itself, on the CPU
   s.defaults.sink_tokens = 0;
   s.aliases = {{"--sink", "--kv-sink-tokens"}};
   return s;
@@ -136,6 +138,12 @@ void add_cache_options(CLI::App* app, CacheCliOptions& o, CacheCommand cmd) {
                                         "window; quantized dtypes only, 0 disables)")
                             ->capture_default_str());
   }
+  if (set.kv_config) {
+    app->add_option("--kv-config", o.kv_config,
+                    "JSON file of per-layer K/V dtypes ({\"layers\": [{\"k\": \"int8\", \"v\": \"fp8\"}, ...]}, "
+                    "as kvq eval --search writes); granularity, block, sink and rotation come from the flags" +
+                        std::string(cmd == CacheCommand::kEval ? "; eval adds it to the specs it compares" : ""));
+  }
   if (set.backend) {
     const char* what = bench ? "what to time: cuda or auto (= cuda); CPU kernels are timed by kvq_bench_cpu"
                            : "where the model runs: cpu, cuda or auto (cuda when a GPU is present)";
@@ -162,7 +170,26 @@ Result<std::vector<eval::SpecRequest>> to_spec_requests(const CacheCliOptions& o
   so.rotate = o.kv_rotate;
   so.recent_tokens = o.recent_tokens;
   so.auto_first = auto_first;
-  return eval::parse_spec_list(so);
+  auto reqs = eval::parse_spec_list(so);
+  if (!reqs.is_ok() || o.kv_config.empty()) return reqs;
+  // The config's spec takes its global settings from the flags (the first granularity listed).
+  eval::SpecRequest r;
+  r.label = "kv-config";
+  r.spec = reqs.value().front().spec;
+  if (auto g = parse_granularity(eval::split_csv(o.kv_scale_granularity).front()); g.is_ok())
+    r.spec.granularity = g.value();
+  r.spec.from_auto = false;
+  KVQ_RETURN_IF_ERROR(apply_kv_config(o.kv_config, r.spec));
+  reqs.value().push_back(std::move(r));
+  return reqs;
+}
+
+Status apply_kv_config(const std::string& path, QuantSpec& spec) {
+  auto cfg = read_kv_config(path);
+  if (!cfg.is_ok()) return Status(cfg.status().code(), "--kv-config: " + cfg.status().message());
+  spec.plane_formats = cfg.value().plane_formats;
+  spec.format = spec.plane_formats.front();
+  return Status::ok();
 }
 
 Result<QuantSpec> to_quant_spec(const CacheCliOptions& o, Format auto_format) {
@@ -171,10 +198,11 @@ Result<QuantSpec> to_quant_spec(const CacheCliOptions& o, Format auto_format) {
   if (eval::split_csv(o.kv_cache_dtype).size() > 1)
     return invalid_argument("--kv-cache-dtype takes one dtype here (got '" + o.kv_cache_dtype +
                             "'); kvq eval compares several");
-  if (reqs.value().size() != 1)
+  if (reqs.value().size() != (o.kv_config.empty() ? 1u : 2u))
     return invalid_argument("--kv-scale-granularity takes one granularity here (got '" + o.kv_scale_granularity +
                             "'); kvq eval compares several");
   const eval::SpecRequest& r = reqs.value().front();
+  if (!o.kv_config.empty()) return reqs.value().back().spec;  // the config replaces the dtype
   if (!r.is_auto) return r.spec;
   // auto here means this machine's preferred format, with the settings the entry carries.
   QuantOptions qo;

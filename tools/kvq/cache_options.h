@@ -11,6 +11,9 @@
 //   --kv-sink-tokens        N (0 disables)
 //   --kv-rotate             none|hadamard (eval, generate, serve: the commands that run the engine)
 //   --kv-recent-tokens      R: the last R tokens attended in bf16, 0 disables (eval, generate, serve)
+//   --kv-config             FILE: per-layer, per-K/V dtypes (quant/layer_config.h; eval, generate, serve).
+//                           generate and serve use it in place of --kv-cache-dtype; eval adds it to
+//                           the specs it compares (label "kv-config")
 //   --backend               cpu|cuda|auto
 //
 // Old spellings (bench's --formats, --granularity, --granularities, --sink; generate's
@@ -45,6 +48,7 @@ struct CacheCliOptions {
   int sink_tokens = 256;
   std::string kv_rotate = "none";
   int recent_tokens = 0;
+  std::string kv_config;  // "" = none
   std::string backend = "auto";  // validated: cpu | cuda | auto
 };
 
@@ -56,6 +60,7 @@ struct CacheFlagSet {
   bool dtype = true, granularity = true, scale_dtype = true, block_size = true, sink = true, backend = true;
   bool rotate = true;  // only commands whose cache goes through the engine (the rotation is an engine step)
   bool recent = true;  // likewise: the window needs the engine's bf16 recent pages
+  bool kv_config = true;  // likewise: per-layer formats need the engine's per-layer geometry
   bool lists = false;
   CacheCliOptions defaults;
   struct Alias {
@@ -111,6 +116,10 @@ struct CacheGrid {
   int sink_tokens = 256;
 };
 Result<CacheGrid> to_cache_grid(const CacheCliOptions& o, CacheCommand cmd);
+
+// Reads --kv-config into `spec` (plane_formats; spec.format becomes layer 0's K dtype, so a
+// uniform file is the uniform spec on every backend). Errors start with "--kv-config: ".
+Status apply_kv_config(const std::string& path, QuantSpec& spec);
 
 // Block size and sink only (report, which sweeps every format and granularity itself).
 Result<QuantSpec> to_geometry(const CacheCliOptions& o);

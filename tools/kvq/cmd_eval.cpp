@@ -18,9 +18,11 @@
 #include "kvq/eval/gate.h"
 #include "kvq/eval/logits_dump.h"
 #include "kvq/eval/report.h"
+#include "kvq/eval/search.h"
 #include "kvq/eval/specs.h"
 #include "kvq/eval/text.h"
 #include "kvq/model/model.h"
+#include "kvq/quant/layer_config.h"
 
 namespace kvq::tools {
 namespace {
@@ -45,6 +47,12 @@ struct EvalCli {
   std::string command_line;
   std::string weights = "fp32";
   int windows_in_flight = 0;
+  // --search
+  bool search = false;
+  double budget_kl = 2e-3;
+  std::string search_formats;  // "" = eval::default_search_formats()
+  int search_ctx = 512, search_windows = 1, search_rounds = 3;
+  std::string search_out;  // "" = bench/results/kv-config-<model>-kl<budget>.json
 };
 
 // The command as typed, for the JSON report (Linux: /proc/self/cmdline, NUL-separated).
@@ -54,6 +62,12 @@ std::string command_line() {
   for (char ch : all) out += ch == '\0' ? ' ' : ch;
   while (!out.empty() && out.back() == ' ') out.pop_back();
   return out;
+}
+
+// "smollm2" -> "smollm2", "/x/stories260K.bin" -> "stories260K".
+std::string file_stem(const std::string& path) {
+  std::string s = path.substr(path.find_last_of('/') + 1);
+  return s.substr(0, s.find('.'));
 }
 
 int fail(const std::string& what, const Status& st) {
@@ -105,6 +119,44 @@ class Progress {
   double last_line_s_ = 0;
 };
 
+// --search: the per-plane sensitivity runs, the choice and its verification (eval/search.h), then
+// the config file that --kv-config reads.
+int run_search_cmd(const EvalCli& o, const model::Model& m, const std::vector<int32_t>& ids,
+                   const eval::EvalOptions& eo, const QuantSpec& base, const std::string& out_path, bool quiet) {
+  eval::SearchOptions so;
+  so.base = base;
+  so.base.plane_formats.clear();
+  so.budget_kl = o.budget_kl;
+  so.max_rounds = o.search_rounds;
+  so.verify = eo;
+  so.sensitivity = eo;
+  so.sensitivity.ctx = std::min(o.search_ctx, eo.ctx);
+  so.sensitivity.max_windows = o.search_windows;
+  so.sensitivity.max_tokens = 0;
+  if (o.search_formats.empty()) {
+    so.candidates = eval::default_search_formats();
+  } else {
+    for (const std::string& name : eval::split_csv(o.search_formats)) {
+      auto f = parse_kv_cache_dtype(name);
+      if (!f.is_ok()) return fail("--search-formats", f.status());
+      so.candidates.push_back(f.value());
+    }
+  }
+  Progress progress(quiet);
+  auto rep = eval::run_search(m, ids, so, [&](const eval::EvalProgress& p) { progress(p); });
+  progress.clear();
+  if (!rep.is_ok()) return fail("search", rep.status());
+  const eval::SearchReport& r = rep.value();
+  std::printf("search %zu planes x %zu formats, %.1f s\n\n", r.plane_kl.size(), r.candidates.size(), r.seconds);
+  std::fputs(eval::format_search(r).c_str(), stdout);
+  KvConfig cfg{m.config().name, r.chosen.plane_formats};
+  if (Status st = write_file_atomic(out_path, kv_config_json(cfg, eval::search_json_extra(r)), "--search-out");
+      !st.is_ok())
+    return fail("--search-out", st);
+  std::printf("wrote %s (use it with --kv-config)\n", out_path.c_str());
+  return r.met ? 0 : 3;
+}
+
 int run_eval_cmd(const EvalCli& o) {
   auto gate = eval::parse_gate_pct(o.gate);
   if (!gate.is_ok()) return fail("--gate", gate.status());
@@ -112,8 +164,23 @@ int run_eval_cmd(const EvalCli& o) {
   if (!auto_first.is_ok()) return fail("--auto-start", auto_first.status());
   auto specs = to_spec_requests(o.cache, auto_first.value());
   if (!specs.is_ok()) return fail("", specs.status());
+  std::string search_out = o.search_out;
+  if (o.search) {
+    // The search takes granularity, block, sink and rotation from the flags; the dtypes it tries
+    // come from --search-formats, so --kv-cache-dtype is not used.
+    if (!o.cache.kv_config.empty())
+      return fail("--search", invalid_argument("--kv-config is what the search writes; leave it out"));
+    if (search_out.empty()) {
+      char b[64];
+      std::snprintf(b, sizeof b, "-kl%g.json", o.budget_kl);
+      search_out = std::string(KVQ_SOURCE_DIR) + "/bench/results/kv-config-" + file_stem(o.model) + b;
+    }
+  }
   // Outputs are checked before the long run, and written atomically after it.
   auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, 0}, [&](backend::BackendKind) {
+    if (!search_out.empty())
+      if (Status st = check_writable(search_out, "--search-out file"); !st.is_ok())
+        return Status(st.code(), "--search-out: " + st.message());
     if (!o.json_out.empty())
       if (Status st = check_writable(o.json_out, "--json output"); !st.is_ok())
         return Status(st.code(), "--json: " + st.message());
@@ -127,6 +194,8 @@ int run_eval_cmd(const EvalCli& o) {
   const std::string& model_path = run.value().model_path;
   const model::Model& m = *run.value().model;
   backend::Backend* be = run.value().backend.get();
+  for (const eval::SpecRequest& r : specs.value())
+    if (Status st = check_plane_formats(r.spec, m.config().n_layers); !st.is_ok()) return fail("--kv-config", st);
 
   // Only the start of a long text file is read: what the window budget can use (whole when 0).
   const int64_t budget = o.max_tokens > 0 ? std::max<int64_t>(o.max_tokens, o.ctx > 0 ? o.ctx : 2048) : 0;
@@ -161,6 +230,8 @@ int run_eval_cmd(const EvalCli& o) {
   std::printf("engine %s\n", be->describe().c_str());
   std::printf("text   %s: %zu bytes, %zu tokens\n", text.value().source.c_str(), text.value().text.size(),
               ids.size());
+
+  if (o.search) return run_search_cmd(o, m, ids, eo, specs.value().front().spec, search_out, o.quiet);
 
   if (!o.dump_logits.empty()) {
     auto windows = eval::eval_windows(m, ids, eo);
@@ -241,6 +312,25 @@ const RegisterCommand kRegister{{[](CLI::App& app) -> std::function<int()> {
                 "windows forwarded together (0: 4 on cuda, 1 on cpu)")
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
+  c->add_flag("--search", o->search,
+              "find per-layer K/V dtypes that keep the mean KL within --budget-kl with the fewest bytes, verify "
+              "them, and write a --kv-config file (exit 3 when the budget is missed)");
+  c->add_option("--budget-kl", o->budget_kl, "--search: mean KL budget vs the bf16 cache, nats per position")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  c->add_option("--search-formats", o->search_formats,
+                "--search: candidate dtypes, comma-separated (default: every quantized cache dtype but fp8_fnuz)");
+  c->add_option("--search-ctx", o->search_ctx, "--search: tokens per sensitivity window (the verification uses --ctx)")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  c->add_option("--search-windows", o->search_windows, "--search: sensitivity windows")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  c->add_option("--search-rounds", o->search_rounds, "--search: verification runs of the mix, at most")
+      ->check(CLI::Range(1, 10))
+      ->capture_default_str();
+  c->add_option("--search-out", o->search_out,
+                "--search: config file to write (default: bench/results/kv-config-<model>-kl<budget>.json)");
   c->add_option("--json", o->json_out, "also write the full report (per-window NLL included) as JSON");
   c->add_flag("--markdown", o->markdown, "print the table as Markdown");
   c->add_flag("--quiet", o->quiet, "no progress on stderr");

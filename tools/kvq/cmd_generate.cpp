@@ -126,9 +126,15 @@ int run_generate(const GenerateOptions& o) {
   const auto mem = book.memory_report();
   const auto& g = book.geometry();
   const double mib = 1048576.0;
+  double codes = 0, scales = 0;  // summed per plane: a per-layer config gives each its own format
+  for (int l = 0; l < g.num_layers; ++l)
+    for (int kv = 0; kv < 2; ++kv) {
+      codes += double(book.layer_geometry(l).plane(kv).code_plane_bytes());
+      scales += double(book.layer_geometry(l).plane(kv).scale_plane_bytes());
+    }
   std::fprintf(stderr, "kv cache: %d pages + %d sink pages in use; planes %.2f MiB codes, %.2f MiB scales, %.2f MiB sink\n",
-               mem.pages_used, mem.sink_pages_used, 2.0 * g.num_layers * g.code_plane_bytes() / mib,
-               2.0 * g.num_layers * g.scale_plane_bytes() / mib, 2.0 * g.num_layers * g.sink_plane_bytes() / mib);
+               mem.pages_used, mem.sink_pages_used, codes / mib, scales / mib,
+               2.0 * g.num_layers * g.sink_plane_bytes() / mib);
   if (g.recent_tokens > 0)
     std::fprintf(stderr, "kv cache: bf16 recent window of %d tokens: %d pages in use, planes %.2f MiB\n",
                  g.recent_tokens, mem.recent_pages_used, 2.0 * g.num_layers * g.recent_plane_bytes() / mib);

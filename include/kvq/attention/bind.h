@@ -10,7 +10,7 @@ inline DecodeArgs bind_decode(cache::PagedKvCache& c, int layer, const cache::Pa
                               const float* q, float* out, int num_q_heads, float softmax_scale,
                               float* lse = nullptr) {
   DecodeArgs a;
-  a.geom = c.geometry();
+  a.geom = c.layer_geometry(layer);
   a.layer = c.layer_view(layer);
   a.tables = tables.view();
   a.q = q;
@@ -25,7 +25,7 @@ inline PrefillArgs bind_prefill(cache::PagedKvCache& c, int layer, const cache::
                                 const float* q, float* out, int n_q, int q_pos0, int num_q_heads,
                                 float softmax_scale, float* lse = nullptr) {
   PrefillArgs a;
-  a.geom = c.geometry();
+  a.geom = c.layer_geometry(layer);
   a.layer = c.layer_view(layer);
   a.tables = tables.view();
   a.q = q;

@@ -52,6 +52,19 @@ struct CacheGeometry {
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   int outlier_capacity = 0;  // sparse entries per page head (int4_outlier); 0: no outlier plane
   ScaleDtype scale_dtype = ScaleDtype::kFp32;
+  // One layer of a per-layer mix (QuantSpec::plane_formats) may store V in another format than K:
+  // then mixed_kv is set, `format` is K's and v_format V's. The size and index functions below
+  // describe one plane of `format`; code that reads both planes asks plane(kv) for each.
+  Format v_format = Format::kBf16;
+  bool mixed_kv = false;
+
+  KVQ_HD Format plane_format(int kv) const { return kv == 1 && mixed_kv ? v_format : format; }
+  KVQ_HD CacheGeometry plane(int kv) const {
+    CacheGeometry g = *this;
+    g.format = plane_format(kv);
+    g.mixed_kv = false;
+    return g;
+  }
 
   KVQ_HD size_t elems_per_head_tile() const { return static_cast<size_t>(block_size) * head_dim; }
   KVQ_HD size_t elems_per_page() const { return elems_per_head_tile() * num_kv_heads; }
@@ -218,8 +231,9 @@ struct BatchTablesView {
 // PagedKvCache::memory_report), nor is the plane padding to 128 bytes (< 128 bytes per plane).
 //
 // Exact bytes of one page index across all layers, K and V: codes plus scales (plus the outlier
-// plane of int4_outlier: 4 * num_kv_heads * (1 + block_size) more per layer and K/V), i.e.
-//   num_layers * 2 * (num_kv_heads * block_size * head_dim * bits / 8 + scales_per_page * scale bytes)
+// plane of int4_outlier: 4 * num_kv_heads * (1 + block_size) more per layer and K/V), summed over the
+// 2 * num_layers planes (each with its own format when spec.mixed()), each
+//   num_kv_heads * block_size * head_dim * bits / 8 + scales_per_page * scale bytes
 // with scales_per_page = num_kv_heads * block_size (per_token_head), num_kv_heads
 // (per_block_head), 0 (per_tensor: one scale per layer, a constant; bf16/fp16: none).
 size_t bytes_per_page(const QuantSpec& spec, int num_layers, int num_kv_heads, int head_dim);

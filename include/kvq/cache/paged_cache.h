@@ -85,7 +85,11 @@ class PagedKvCache {
   // 0 when R is 0.
   static int recent_pages_per_sequence(int recent_tokens, int chunk, int block_size);
 
+  // The cache as a whole (pools, shapes; `format` is spec.format). With a per-layer mix
+  // (QuantSpec::plane_formats) the planes of layer l follow layer_geometry(l) instead, which the
+  // attention and write arguments of that layer must carry; without one the two are equal.
   const CacheGeometry& geometry() const { return geom_; }
+  const CacheGeometry& layer_geometry(int layer) const { return layer_geom_[static_cast<size_t>(layer)]; }
   const QuantSpec& spec() const { return cfg_.spec; }
 
   // A new empty sequence. `sink_tokens` < 0 takes spec.sink_tokens; a larger value keeps a whole
@@ -221,12 +225,15 @@ class PagedKvCache {
   void write_outlier_rows(int layer, int kv, int32_t page, int h, int slot0, int slot1, int filled,
                           const std::function<const float*(int)>& row);
   SeqId new_sequence_id();
-  // per_tensor: stores layer plane `kv`'s scale for this amax (policy.h, the spec's scale dtype).
-  void set_tensor_scale(Planes& pl, int kv, float amax);
+  CacheGeometry plane_geom(int layer, int kv) const { return layer_geom_[static_cast<size_t>(layer)].plane(kv); }
+  // per_tensor: stores layer plane `kv`'s scale for this amax in format `f` (policy.h, the spec's
+  // scale dtype).
+  void set_tensor_scale(Planes& pl, int kv, Format f, float amax);
   float* block_amax(int layer, int kv, int32_t page, int head);
 
   CacheConfig cfg_;
   CacheGeometry geom_;
+  std::vector<CacheGeometry> layer_geom_;  // [layer]: its K format, V format (mixed_kv when they differ)
   BlockPool pool_, sink_pool_, recent_pool_;
   std::vector<Planes> layers_;
   std::vector<Sequence> seqs_;

@@ -2,6 +2,7 @@
 // QuantSpec: how the KV cache is stored, parsed from vLLM-style options.
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kvq/common/status.h"
 #include "kvq/format/format.h"
@@ -39,6 +40,10 @@ struct QuantSpec {
   int sink_tokens = 256;   // first N tokens of each sequence kept in bf16; 0 disables
                            // (0 ..= kMaxSinkTokens)
   KvRotation rotation = KvRotation::kNone;  // applies to every format (bf16 included)
+  // Per-layer, per-K/V formats (--kv-config): empty means every plane stores `format`; otherwise
+  // plane_formats[2 * layer + kv] (kv 0 = K, 1 = V) for every layer of the model, and `format` is
+  // not used for the pages. Granularity, block, sink, scale dtype and rotation stay global.
+  std::vector<Format> plane_formats;
   // int4_outlier: int4 per_token_head codes plus a per-page sparse fp16 plane (quant/outlier.h).
   bool outliers = false;
   // The last R tokens of each sequence are attended in bf16 (KIVI's residual window): a query at
@@ -46,12 +51,23 @@ struct QuantSpec {
   // a no-op for unquantized formats (0 ..= kMaxSinkTokens).
   int recent_tokens = 0;
 
-  bool quantized() const { return is_quantized(format); }
+  bool mixed() const { return !plane_formats.empty(); }
+  Format plane_format(int layer, int kv) const {
+    return plane_formats.empty() ? format : plane_formats[static_cast<size_t>(2 * layer + kv)];
+  }
+  // Whether any plane is quantized (has scales).
+  bool quantized() const;
   // e.g. "fp8_e4m3/per_token_head/b16/sink256"; unquantized formats omit the granularity
   // ("bf16/b16/sink0"); a recent window of a quantized format and a rotation are appended
   // ("int8/per_token_head/b16/sink256/recent128/hadamard").
+  // A per-layer mix shows as "mixed:<planes>x<fnv32 of the formats, hex>" in place of the format,
+  // e.g. "mixed:60x1a2b3c4d/per_token_head/b16/sink256".
   std::string to_string() const;
 };
+
+// Refuses a per-layer mix that does not cover exactly `num_layers` layers (kInvalidArgument naming
+// both counts) or names a format the cache cannot store (kUnsupported). A uniform spec passes.
+Status check_plane_formats(const QuantSpec& spec, int num_layers);
 
 // Strings as the user typed them on the command line.
 struct QuantOptions {

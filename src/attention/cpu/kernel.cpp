@@ -60,9 +60,10 @@ Status check_problem(const Problem& p, const float* q, const float* out, int pre
                        " is not supported; the CPU backend takes 8..256 in multiples of 8");
   if (g.block_size != 16 && g.block_size != 32)
     return unsupported("attention: block_size " + str(g.block_size) + " is not supported; use 16 or 32");
-  if (!format_traits(g.format).cache_ready)
-    return unsupported(std::string("attention: the CPU backend does not read ") + format_name(g.format) +
-                       " caches yet; use int8, int4 or fp8");
+  for (int kv = 0; kv < 2; ++kv)
+    if (!format_traits(g.plane_format(kv)).cache_ready)
+      return unsupported(std::string("attention: the CPU backend does not read ") + format_name(g.plane_format(kv)) +
+                         " caches yet; use int8, int4 or fp8");
   if (g.num_pages < 0 || g.num_sink_pages < 0)
     return invalid_argument("attention: negative page count in the cache geometry");
   if (p.num_q_heads < 1 || p.num_q_heads % g.num_kv_heads != 0)
@@ -123,26 +124,33 @@ Status check_problem(const Problem& p, const float* q, const float* out, int pre
       return invalid_argument("attention: the layer's K/V code planes are null");
     if (g.outlier_capacity > 0 && (p.layer.k_outliers == nullptr || p.layer.v_outliers == nullptr))
       return invalid_argument("attention: the cache has outlier side planes but the layer's pointers to them are null");
-    if (g.has_scales() && (p.layer.k_scales == nullptr || p.layer.v_scales == nullptr))
-      return invalid_argument(std::string("attention: format ") + format_name(g.format) +
-                              " needs scale planes, but the layer's K/V scale pointers are null");
+    for (int kv = 0; kv < 2; ++kv)
+      if (g.plane(kv).has_scales() && (kv == 0 ? p.layer.k_scales : p.layer.v_scales) == nullptr)
+        return invalid_argument(std::string("attention: format ") + format_name(g.plane_format(kv)) +
+                                " needs scale planes, but the layer's " + (kv == 0 ? "K" : "V") +
+                                " scale pointer is null");
   }
   return Status::ok();
 }
 
-TileLoader::TileLoader(const Problem& p) : p_(p) {
-  const Format f = p.geom.format;
-  for (int c = 0; c < 256; ++c)
-    lut_[c] = (is_quantized(f) && format_bits(f) == 8) ? decode_byte(f, static_cast<uint8_t>(c)) : 0.f;
+TileLoader::TileLoader(const Problem& p)
+    : p_(p), k_geom_(p.geom.plane(0)), v_geom_(p.geom.plane(1)), k_scaled_(k_geom_.has_scales()),
+      v_scaled_(v_geom_.has_scales()) {
+  for (int kv = 0; kv < 2; ++kv) {
+    const Format f = p.geom.plane_format(kv);
+    for (int c = 0; c < 256; ++c)
+      lut_[kv][c] = (is_quantized(f) && format_bits(f) == 8) ? decode_byte(f, static_cast<uint8_t>(c)) : 0.f;
+  }
 }
 
-void TileLoader::decode_row(const uint8_t* plane, size_t offset, float* out) const {
+void TileLoader::decode_row(int kv, const uint8_t* plane, size_t offset, float* out) const {
   const int d = p_.geom.head_dim;
   const uint8_t* src = plane + offset;
-  switch (p_.geom.format) {
+  const Format f = p_.geom.plane_format(kv);
+  switch (f) {
     case Format::kBf16:
     case Format::kFp16: {
-      const bool bf16 = p_.geom.format == Format::kBf16;
+      const bool bf16 = f == Format::kBf16;
       for (int i = 0; i < d; ++i) {
         // Little-endian 2-byte values in a byte plane (as quant::quantize_row stores them).
         const uint16_t bits = static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8));
@@ -157,7 +165,7 @@ void TileLoader::decode_row(const uint8_t* plane, size_t offset, float* out) con
       }
       break;
     default:
-      for (int i = 0; i < d; ++i) out[i] = lut_[src[i]];
+      for (int i = 0; i < d; ++i) out[i] = lut_[kv][src[i]];
   }
 }
 
@@ -208,14 +216,12 @@ void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const 
   const int32_t* row = p_.tables.block_tables + static_cast<size_t>(seq) * p_.tables.max_blocks;
   for (int u = 0; u < n; ++u) {
     const int page = row[u / bs], slot = u % bs;
-    const size_t off = g.code_offset(page, head, slot);
-    decode_row(p_.layer.k_codes, off, &tile.k[static_cast<size_t>(u) * d]);
-    decode_row(p_.layer.v_codes, off, &tile.v[static_cast<size_t>(u) * d]);
-    if (g.has_scales()) {
-      const size_t si = g.scale_index(page, head, slot);
-      tile.k_scale[u] = cache::load_scale(p_.layer.k_scales, si, g.scale_dtype);
-      tile.v_scale[u] = cache::load_scale(p_.layer.v_scales, si, g.scale_dtype);
-    }
+    // Each plane has its own format, hence its own byte offset (int4 packs two codes per byte).
+    decode_row(0, p_.layer.k_codes, k_geom_.code_offset(page, head, slot), &tile.k[static_cast<size_t>(u) * d]);
+    decode_row(1, p_.layer.v_codes, v_geom_.code_offset(page, head, slot), &tile.v[static_cast<size_t>(u) * d]);
+    const size_t si = g.scale_index(page, head, slot);
+    if (k_scaled_) tile.k_scale[u] = cache::load_scale(p_.layer.k_scales, si, g.scale_dtype);
+    if (v_scaled_) tile.v_scale[u] = cache::load_scale(p_.layer.v_scales, si, g.scale_dtype);
     if (g.outlier_capacity > 0) {
       // A sparse entry holds the value itself; the tile holds codes that the scale multiplies later.
       for (int kv = 0; kv < 2; ++kv) {

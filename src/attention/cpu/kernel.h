@@ -59,9 +59,12 @@ class TileLoader {
   void load_recent(int seq, int head, int u0, int n, PartTile& tile) const;
 
  private:
-  void decode_row(const uint8_t* plane, size_t offset, float* out) const;  // offset: CacheGeometry::code_offset
+  // kv 0 = K, 1 = V: a layer of a per-layer mix may store them in different formats.
+  void decode_row(int kv, const uint8_t* plane, size_t offset, float* out) const;  // offset: code_offset
   const Problem& p_;
-  float lut_[256];  // byte code -> value for the 8-bit formats
+  cache::CacheGeometry k_geom_, v_geom_;  // p_.geom.plane(0 / 1)
+  bool k_scaled_, v_scaled_;
+  float lut_[2][256];  // byte code -> value for the 8-bit formats, K and V
 };
 
 // Attends query `q` to the first `n_visible` tokens of `tile`. `logits` is scratch of >= n floats.

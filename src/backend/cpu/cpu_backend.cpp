@@ -296,7 +296,7 @@ Status CpuBackend::run(const CacheWriteArgs& a) {
   KVQ_RETURN_IF_ERROR(can_implement(a));
   const size_t kvd = static_cast<size_t>(a.book->geometry().num_kv_heads) * a.book->geometry().head_dim;
   const cache::CacheGeometry& g = a.book->geometry();
-  if (g.has_scales() && g.granularity == ScaleGranularity::kPerTensor) {
+  if (a.book->spec().quantized() && g.granularity == ScaleGranularity::kPerTensor) {
     // A per_tensor scale is fixed by the first write reaching the quantized pages: for a call with
     // several sequences, by all of this call's main-pool rows together (what the device writer does).
     float k_amax = 0.f, v_amax = 0.f;

@@ -216,6 +216,15 @@ class CudaBackend final : public Backend {
 
   Result<std::unique_ptr<CacheStorage>> create_cache_storage(cache::PagedKvCache& book) override {
     const cache::CacheGeometry& g = book.geometry();
+    // Per-layer mixes run on the CPU backend only: the device planes, writers and kernels take one
+    // format per cache. A mix whose planes all equal spec.format is the uniform cache and runs here.
+    for (int l = 0; l < g.num_layers; ++l)
+      for (int kv = 0; kv < 2; ++kv)
+        if (book.spec().plane_format(l, kv) != g.format)
+          return unsupported("cuda backend: per-layer cache configs (--kv-config) with more than one dtype run on "
+                             "the CPU backend only (--backend cpu); this one stores " +
+                             std::string(format_name(book.spec().plane_format(l, kv))) + " in layer " +
+                             std::to_string(l) + (kv ? " V" : " K") + " next to " + format_name(g.format));
     if (fast_shape(g)) {
       if (!format_traits(g.format).device_ready)
         return unsupported(std::string("cuda backend: ") + format_name(g.format) + " caches are not supported; use int8 or fp8");
