@@ -83,8 +83,8 @@ def test_prefill_checks(cache):
 def test_cache_construction_errors():
     with pytest.raises(ValueError, match="fp9.*accepted: auto"):
         kvq.KVCache("fp9", num_pages=4, num_kv_heads=2, head_dim=16)
-    with pytest.raises(NotImplementedError, match="int4"):
-        kvq.KVCache("int4", num_pages=4, num_kv_heads=2, head_dim=16)
+    with pytest.raises(NotImplementedError, match="int4_kivi"):
+        kvq.KVCache("int4_kivi", num_pages=4, num_kv_heads=2, head_dim=16)
     with pytest.raises(ValueError, match="head_dim"):
         kvq.KVCache("fp8", num_pages=4, num_kv_heads=2, head_dim=12)
     with pytest.raises(ValueError, match="block"):
