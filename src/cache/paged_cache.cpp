@@ -62,6 +62,12 @@ Status validate(const CacheConfig& cfg) {
     return unsupported("outlier side planes (int4_outlier) go with int4 per_token_head scales only");
   if (sp.outliers && sp.scale_dtype != ScaleDtype::kFp32)
     return unsupported("int4_outlier keeps fp32 scales; drop --kv-scale-dtype fp16 for it");
+  if (!sp.mixed() && sp.format == Format::kInt4Kivi &&
+      (sp.recent_tokens < sp.block_size || sp.scale_dtype != ScaleDtype::kFp16 ||
+       sp.granularity != ScaleGranularity::kPerTokenHead))
+    return invalid_argument("an int4_kivi cache needs a recent window of at least one page (recent_tokens " +
+                            std::to_string(sp.recent_tokens) + ", block " + std::to_string(sp.block_size) +
+                            "), fp16 scales and the default granularity; build its spec with parse_quant_spec");
   if (sp.granularity != ScaleGranularity::kPerTensor && sp.granularity != ScaleGranularity::kPerTokenHead &&
       sp.granularity != ScaleGranularity::kPerBlockHead) {
     return invalid_argument("unknown scale granularity value " + std::to_string(static_cast<int>(sp.granularity)));
@@ -229,6 +235,7 @@ Result<SeqId> PagedKvCache::add_sequence(int sink_tokens) {
   s.live = true;
   s.sink_capacity = cap;
   s.written.assign(static_cast<size_t>(geom_.num_layers), 0);
+  s.kivi_final.assign(static_cast<size_t>(geom_.num_layers), 0);
   return id;
 }
 
@@ -334,6 +341,7 @@ Result<SeqId> PagedKvCache::share_prefix(SeqId parent, int n_tokens) {
   child.sink_blocks.assign(src.sink_blocks.begin(), src.sink_blocks.begin() + sink_pages);
   child.written.resize(src.written.size());
   for (size_t l = 0; l < src.written.size(); ++l) child.written[l] = std::min(src.written[l], n_tokens);
+  child.kivi_final.assign(src.kivi_final.size(), 0);  // a window refuses sharing above: never int4_kivi
   for (int32_t p : child.blocks) KVQ_RETURN_IF_ERROR(pool_.retain(p));
   for (int32_t p : child.sink_blocks) KVQ_RETURN_IF_ERROR(sink_pool_.retain(p));
   return id;
@@ -369,6 +377,7 @@ Status PagedKvCache::truncate(SeqId seq, int n_tokens) {
   s.sink_blocks.resize(std::min(s.sink_blocks.size(), sink_pages));
   s.len = n_tokens;
   for (int& w : s.written) w = std::min(w, n_tokens);
+  for (int& f : s.kivi_final) f = std::min(f, static_cast<int>(main_pages));
   return Status::ok();
 }
 
@@ -429,6 +438,9 @@ Status PagedKvCache::release_recent_before(Sequence& s, int first_needed) {
   for (size_t b = 0; b < s.recent_blocks.size(); ++b) {
     int32_t& p = s.recent_blocks[b];
     if (p < 0 || s.sink_capacity + static_cast<int>(b + 1) * bs > first_needed) continue;
+    if (kivi() && cfg_.host_planes)  // the twin is the page's only copy until it is quantized
+      for (int l = 0; l < geom_.num_layers; ++l)
+        finalize_kivi_pages(s, l, [&](int block) { return block <= static_cast<int>(b); });
     KVQ_RETURN_IF_ERROR(recent_pool_.release(p));
     p = -1;
   }
@@ -640,6 +652,7 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
                             "), since tokens are written in order");
   }
   if (k == nullptr || v == nullptr) return invalid_argument("write needs non-null K and V rows");
+  if (kivi()) KVQ_RETURN_IF_ERROR(check_kivi_twins(s, pos0, pos0 + n_tokens));
 
   const int bs = geom_.block_size, cap = s.sink_capacity, end = pos0 + n_tokens;
   // Pages touched by this write that are still shared get private copies first (all or nothing).
@@ -695,22 +708,30 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
       const int u = t - cap, block = u / bs, slot0 = u % bs;
       const int slot1 = std::min(bs, slot0 + (end - t));
       const size_t in = static_cast<size_t>(t - pos0) * row_stride;
-      write_main_page(s, layer, block, slot0, slot1, k + in, v + in);
+      if (!kivi()) write_main_page(s, layer, block, slot0, slot1, k + in, v + in);
       const int32_t twin = block < static_cast<int>(s.recent_blocks.size()) ? s.recent_blocks[static_cast<size_t>(block)] : -1;
       if (twin >= 0) {
-        // The bf16 copy read by the queries whose window holds these tokens; codes are written too.
+        // The bf16 copy read by the queries whose window holds these tokens; codes are written too
+        // (int4_kivi: later, from this copy, which then counts the input's non-finite values).
+        quant::QuantStats& twin_stats = kivi() ? stats_ : ignored;
         for (int slot = slot0; slot < slot1; ++slot)
           for (int h = 0; h < heads; ++h) {
             const size_t off = geom_.elem_index(twin, h, slot);
             const size_t src = in + static_cast<size_t>(slot - slot0) * row_stride + static_cast<size_t>(h) * d;
-            quant::quantize_row(Format::kBf16, k + src, d, 1.f, reinterpret_cast<uint8_t*>(pl.k_recent.data() + off), &ignored);
-            quant::quantize_row(Format::kBf16, v + src, d, 1.f, reinterpret_cast<uint8_t*>(pl.v_recent.data() + off), &ignored);
+            quant::quantize_row(Format::kBf16, k + src, d, 1.f, reinterpret_cast<uint8_t*>(pl.k_recent.data() + off), &twin_stats);
+            quant::quantize_row(Format::kBf16, v + src, d, 1.f, reinterpret_cast<uint8_t*>(pl.v_recent.data() + off), &twin_stats);
           }
       }
       t += slot1 - slot0;
     }
   }
   s.written[static_cast<size_t>(layer)] = std::max(written, end);
+  if (kivi() && end > cap) {
+    int& done = s.kivi_final[static_cast<size_t>(layer)];
+    done = std::min(done, (std::max(pos0, cap) - cap) / bs);  // a rewritten page is quantized again
+    const int main_written = s.written[static_cast<size_t>(layer)] - cap;
+    finalize_kivi_pages(s, layer, [&](int block) { return kivi_page_final(block, bs, main_written, recent_tokens()); });
+  }
   return Status::ok();
 }
 
@@ -760,6 +781,7 @@ Status PagedKvCache::read_token(SeqId seq, int layer, int pos, float* k, float* 
     return Status::ok();
   }
   const int u = pos - s.sink_capacity;
+  if (kivi()) return read_kivi_token(s, layer, u, k, v);
   const int32_t page = s.blocks[static_cast<size_t>(u / bs)];
   const int slot = u % bs;
   for (int kv = 0; kv < 2; ++kv) {

@@ -46,12 +46,15 @@ Result<std::string> dump_codes(Format f) {
       for (unsigned c = 0; c < 16; ++c)
         append_code_line(out, c, static_cast<float>(format::unpack_int4_lo(static_cast<uint8_t>(c))));
       return out;
+    case Format::kInt4Kivi:  // unsigned: the value before the zero point is subtracted
+      for (unsigned c = 0; c < 16; ++c) append_code_line(out, c, static_cast<float>(c));
+      return out;
     case Format::kBf16:
     case Format::kFp16:
       break;
   }
   return invalid_argument(std::string("--dump lists the codes of 8-bit and 4-bit formats; ") +
-                          format_name(f) + " has 65536 codes (use fp8_e4m3, fp8_e4m3_fnuz, int8 or int4)");
+                          format_name(f) + " has 65536 codes (use fp8_e4m3, fp8_e4m3_fnuz, int8, int4 or int4_kivi)");
 }
 
 }  // namespace kvq

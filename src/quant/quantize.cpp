@@ -75,6 +75,22 @@ void quantize_row(Format f, const float* x, int n, float scale, uint8_t* codes, 
         codes[i / 2] = format::pack_int4(q[0], q[1]);
       }
       break;
+    case Format::kInt4Kivi:  // one group with zero point 0; the cache's groups use quant/kivi_policy.h
+      for (int i = 0; i < n; i += 2) {
+        int q[2] = {0, 0};
+        for (int j = 0; j < 2 && i + j < n; ++j) {
+          const float v = x[i + j];
+          if (!std::isfinite(v)) {
+            ++local.nonfinite;
+            continue;
+          }
+          const float s = div_rn(v, scale);
+          if (clips(f, s) || s < -0.5f) ++local.saturated;
+          q[j] = format::encode_uint4(s);
+        }
+        codes[i / 2] = format::pack_int4(q[0], q[1]);
+      }
+      break;
     default:  // one byte per element: fp8 (OCP, FNUZ) and int8
       for (int i = 0; i < n; ++i) {
         const float v = x[i];
@@ -106,6 +122,9 @@ void dequantize_row(Format f, const uint8_t* codes, int n, float scale, float* o
         const int q = (i & 1) ? format::unpack_int4_hi(b) : format::unpack_int4_lo(b);
         out[i] = static_cast<float>(q) * scale;
       }
+      break;
+    case Format::kInt4Kivi:
+      for (int i = 0; i < n; ++i) out[i] = static_cast<float>(format::uint4_at(codes, static_cast<size_t>(i))) * scale;
       break;
     default:
       for (int i = 0; i < n; ++i) out[i] = decode_byte(f, codes[i]) * scale;

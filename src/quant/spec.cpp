@@ -7,7 +7,7 @@
 namespace kvq {
 namespace {
 
-constexpr const char* kDtypeChoices = "auto, bf16, fp16, fp8, fp8_e4m3, fp8_fnuz, int8, int4, int4_outlier";
+constexpr const char* kDtypeChoices = "auto, bf16, fp16, fp8, fp8_e4m3, fp8_fnuz, int8, int4, int4_outlier, int4_kivi";
 constexpr const char* kGranularityChoices = "per_tensor, per_token_head, per_block_head";
 
 Status check_storable(Format f, std::string_view origin) {
@@ -15,6 +15,24 @@ Status check_storable(Format f, std::string_view origin) {
     return unsupported(std::string(format_name(f)) + " KV cache not implemented yet (" + std::string(origin) +
                        "); use --kv-cache-dtype int8 or fp8");
   }
+  return Status::ok();
+}
+
+// int4_kivi groups K per channel over a page, so a page is quantized only once it is complete and
+// no query reads it in bf16 any more: the recent window is part of the format.
+Status apply_kivi_rules(const QuantOptions& opts, QuantSpec& spec) {
+  if (spec.granularity != ScaleGranularity::kPerTokenHead)
+    return invalid_argument("--kv-cache-dtype int4_kivi groups K per channel of a page and V per token by itself; "
+                            "drop --kv-scale-granularity " + opts.granularity);
+  spec.scale_dtype = ScaleDtype::kFp16;  // its scales and zero points are fp16 (quant/kivi_policy.h)
+  if (spec.recent_tokens == 0) spec.recent_tokens = kKiviDefaultRecentTokens;
+  if (spec.recent_tokens < spec.block_size)
+    return invalid_argument("--kv-cache-dtype int4_kivi quantizes a page once its first token leaves the bf16 recent "
+                            "window, so the window must hold at least a page: --kv-recent-tokens " +
+                            std::to_string(spec.recent_tokens) + " is below --block-size " +
+                            std::to_string(spec.block_size) + "; use --kv-recent-tokens " +
+                            std::to_string(kKiviDefaultRecentTokens) + " (the default for int4_kivi) or at least " +
+                            std::to_string(spec.block_size));
   return Status::ok();
 }
 
@@ -53,8 +71,9 @@ std::string QuantSpec::to_string() const {
     std::snprintf(tag, sizeof tag, "%08x", h);
     s = "mixed:" + std::to_string(plane_formats.size()) + "x" + tag;
   }
-  // A granularity or scale dtype means nothing for unquantized storage, so it is not printed.
-  if (quantized()) {
+  // A granularity or scale dtype means nothing for unquantized storage (nor for int4_kivi, whose
+  // grouping and fp16 parameters are the format's own), so it is not printed.
+  if (quantized() && (mixed() || format != Format::kInt4Kivi)) {
     s += '/';
     s += granularity_name(granularity);
     if (scale_dtype == ScaleDtype::kFp16) s += "/fp16_scales";
@@ -77,6 +96,10 @@ Status check_plane_formats(const QuantSpec& spec, int num_layers) {
     if (!format_traits(f).cache_ready)
       return unsupported("layer " + std::to_string(i / 2) + (i % 2 ? " V" : " K") + ": " + format_name(f) +
                          " caches are not implemented yet");
+    if (f == Format::kInt4Kivi)
+      return unsupported("layer " + std::to_string(i / 2) + (i % 2 ? " V" : " K") +
+                         ": int4_kivi is not available in a per-layer config (it quantizes whole pages of K and V "
+                         "together as they leave the recent window); use --kv-cache-dtype int4_kivi for all layers");
   }
   return Status::ok();
 }
@@ -89,10 +112,7 @@ Result<Format> parse_kv_cache_dtype(std::string_view s) {
   if (s == "fp8_fnuz" || s == "fp8_e4m3_fnuz") return Format::kFp8E4m3Fnuz;
   if (s == "int8") return Format::kInt8;
   if (s == "int4" || s == "int4_outlier") return Format::kInt4;  // int4_outlier: the spec adds the side plane
-  if (s == "int4_kivi") {
-    return unsupported("int4_kivi KV cache not implemented yet (--kv-cache-dtype " + std::string(s) +
-                       "); use int4, int8 or fp8");
-  }
+  if (s == "int4_kivi") return Format::kInt4Kivi;
   if (s == "fp8_e5m2") {
     return unsupported("--kv-cache-dtype fp8_e5m2 is not supported: kvq stores E4M3, which has one "
                        "more mantissa bit; use fp8 (OCP E4M3) or fp8_fnuz");
@@ -158,6 +178,7 @@ Result<QuantSpec> parse_quant_spec(const QuantOptions& opts, Format auto_format)
                             " is out of range; accepted: 0 (no bf16 window) to " + std::to_string(kMaxSinkTokens));
   }
   spec.recent_tokens = opts.recent_tokens;
+  if (spec.format == Format::kInt4Kivi) KVQ_RETURN_IF_ERROR(apply_kivi_rules(opts, spec));
 
   Result<KvRotation> r = parse_rotation(opts.rotate);
   if (!r.is_ok()) return r.status();

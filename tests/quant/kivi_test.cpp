@@ -2,6 +2,9 @@
 // both asymmetric 0..15 with zero points.
 #include "kvq/quant/kivi.h"
 
+#include "kvq/format/bf16.h"
+#include "kvq/quant/kivi_policy.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,16 +46,23 @@ TEST(Kivi, PageHeadMatchesFloat64Reference) {
       if (!std::isfinite(xv)) continue;
       lo = any ? std::min(lo, xv) : xv, hi = any ? std::max(hi, xv) : xv, any = true;
     }
-    const double want_scale = hi > lo ? (hi - lo) / 15 : 1.0;
-    ASSERT_NEAR(scale, want_scale, want_scale * 1e-6) << what;
-    ASSERT_NEAR(zero, -lo / scale, 1e-4 * std::max(1.0, std::fabs(lo / scale))) << what;
+    // kivi_policy.h: spread / 15, floored at magnitude / 1024, rounded up to fp16; zero -lo / scale
+    // rounded to fp16, so a code may sit up to |zero| * 2^-11 further from the ideal one.
+    const double mag = std::max(std::fabs(lo), std::fabs(hi));
+    const double raw = !any || mag == 0 ? 1.0 : std::max((hi - lo) / 15, mag / 1024);
+    ASSERT_GE(scale, raw * (1 - 1e-7)) << what;
+    ASSERT_LE(scale, raw * (1 + 1.0 / 1024)) << what;
+    ASSERT_EQ(double(format::fp16_to_float(format::float_to_fp16(float(scale)))), scale) << what << ": fp16-exact";
+    ASSERT_EQ(double(format::fp16_to_float(format::float_to_fp16(float(zero)))), zero) << what << ": fp16-exact";
+    const double slack = std::fabs(zero) / 2048 + 1e-4;
+    ASSERT_NEAR(zero, -lo / scale, slack) << what;
     for (int j = 0; j < count; ++j) {
       const size_t e = elem(j);
       const double xv = std::isfinite(x[e]) ? x[e] : 0.0;  // non-finite: the code nearest 0
       const double ideal = std::clamp(xv / scale + zero, 0.0, 15.0);
       ASSERT_LE(std::fabs(nibble(codes, e) - ideal), 0.5 + 1e-4) << what << " element " << e;
-      if (std::isfinite(x[e]) && hi > lo) {
-        ASSERT_LE(std::fabs(y[e] - xv), 0.5 * scale * (1 + 1e-4)) << what << " " << e;
+      if (std::isfinite(x[e])) {
+        ASSERT_LE(std::fabs(y[e] - xv), (0.5 + slack) * scale * (1 + 1e-4)) << what << " " << e;
       }
     }
   };
@@ -62,8 +72,8 @@ TEST(Kivi, PageHeadMatchesFloat64Reference) {
   for (int t = 0; t < n; ++t)
     check_group(v, vd, p.v_codes, p.v_scale[size_t(t)], p.v_zero[size_t(t)], [&](int i) { return size_t(t) * d + i; }, d,
                 "V token");
-  EXPECT_EQ(p.k_scale[11], 1.f);
-  for (int t = 0; t < n; ++t) EXPECT_NEAR(kd[size_t(t) * d + 11], 2.5f, 1e-6f) << "a constant channel decodes exactly";
+  EXPECT_LE(p.k_scale[11], 2.5f / 1024 * (1 + 1.f / 1024)) << "a constant channel: the magnitude floor";
+  for (int t = 0; t < n; ++t) EXPECT_NEAR(kd[size_t(t) * d + 11], 2.5f, 2.5f / 2048) << "a constant channel";
 }
 
 // Per-channel grouping is what K needs: on channels with their own offsets, the K error is far
@@ -84,6 +94,30 @@ TEST(Kivi, PerChannelKBeatsPerTokenOnOffsetChannels) {
     err_token += (double(vd[e]) - k[e]) * (double(vd[e]) - k[e]);
   }
   EXPECT_LT(err_channel, 0.1 * err_token);
+}
+
+// Groups far from zero (large offset, small spread) and groups with nothing finite: the zero point
+// stays inside fp16's precise range and nothing decodes to a non-finite value.
+TEST(Kivi, PolicyEdgeGroups) {
+  KiviRange offset;
+  for (float x : {1000.f, 1000.5f, 1001.f}) offset.add(x);
+  const KiviParams p = kivi_params(offset);
+  EXPECT_LE(std::fabs(p.zero), kKiviZeroBound * (1 + 1.f / 1024));
+  for (float x : {1000.f, 1000.5f, 1001.f})
+    EXPECT_NEAR(kivi_value(kivi_code(x, p), p), x, p.scale) << x;
+  KiviRange none;
+  none.add(std::numeric_limits<float>::quiet_NaN());
+  none.add(-std::numeric_limits<float>::infinity());
+  const KiviParams q = kivi_params(none);
+  EXPECT_EQ(q.scale, 1.f);
+  EXPECT_EQ(q.zero, 0.f);
+  EXPECT_EQ(kivi_value(kivi_code(std::numeric_limits<float>::quiet_NaN(), q), q), 0.f);
+  KiviRange huge;  // a spread beyond fp16's largest scale is clamped and counted
+  huge.add(-3e38f);
+  huge.add(3e38f);
+  EXPECT_TRUE(kivi_scale_clamped(huge));
+  EXPECT_EQ(kivi_params(huge).scale, kFp16ScaleMax);
+  EXPECT_FALSE(kivi_scale_clamped(offset));
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 //     per_token_head: [num_pages][num_kv_heads][block_size]
 //     per_block_head: [num_pages][num_kv_heads]
 //     per_tensor:     [1]                       (0 until the first write)
+//     int4_kivi:      [num_pages][num_kv_heads][2][groups] fp16: scales then zero points, K one
+//                     group per channel (head_dim), V one per slot (block_size); kivi_param_index
 //     bf16/fp16:      none
 //   sink   [num_sink_pages][num_kv_heads][block_size][head_dim] bf16
 //   outliers (int4_outlier only): [num_pages][num_kv_heads][1 + outlier_capacity] uint32: a count,
@@ -23,6 +25,8 @@
 // Recent window (recent_tokens R > 0): main page block_table[b] may have a bf16 twin
 // recent_table[b] (same slots; -1 once the page has left the window). A query at position q reads
 // key t >= sink_len from the twin iff t >= q + 1 - R (uses_recent), otherwise from the codes.
+// int4_kivi writes a page's codes only once, from its twin, when the page's first token leaves the
+// window of the last query written (kivi_page_final): before that the page's codes are unset.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -57,13 +61,25 @@ struct CacheGeometry {
   // describe one plane of `format`; code that reads both planes asks plane(kv) for each.
   Format v_format = Format::kBf16;
   bool mixed_kv = false;
+  // The plane (0 = K, 1 = V) a geometry from plane(kv) describes: int4_kivi groups K and V apart,
+  // so its parameter planes differ in size. 0 (K's shape) in the cache-wide geometry.
+  int plane_kv = 0;
 
   KVQ_HD Format plane_format(int kv) const { return kv == 1 && mixed_kv ? v_format : format; }
   KVQ_HD CacheGeometry plane(int kv) const {
     CacheGeometry g = *this;
     g.format = plane_format(kv);
     g.mixed_kv = false;
+    g.plane_kv = kv;
     return g;
+  }
+  // int4_kivi (quant/kivi_policy.h): a (scale, zero point) pair per group of a page head, K one per
+  // channel, V one per slot. Its scale plane is [page][head][scale | zero][group] in the scale
+  // dtype (fp16), addressed through kivi_param_index only.
+  KVQ_HD bool kivi() const { return format == Format::kInt4Kivi; }
+  KVQ_HD int kivi_groups() const { return plane_kv == 1 ? block_size : head_dim; }
+  KVQ_HD size_t kivi_param_index(int page, int head, int group, bool zero) const {
+    return ((static_cast<size_t>(page) * num_kv_heads + head) * 2 + (zero ? 1 : 0)) * kivi_groups() + group;
   }
 
   KVQ_HD size_t elems_per_head_tile() const { return static_cast<size_t>(block_size) * head_dim; }
@@ -83,16 +99,18 @@ struct CacheGeometry {
   KVQ_HD size_t row_code_bytes() const { return static_cast<size_t>(head_dim) * format_bits(format) / 8; }
   KVQ_HD bool has_scales() const { return is_quantized(format); }
   KVQ_HD size_t scale_bytes() const { return scale_dtype == ScaleDtype::kFp16 ? 2 : 4; }
-  // Number of scales per page (0 for per_tensor and unquantized formats).
+  // Number of scales per page (0 for per_tensor and unquantized formats; int4_kivi: scales and
+  // zero points).
   KVQ_HD size_t scales_per_page() const {
     if (!has_scales()) return 0;
+    if (kivi()) return static_cast<size_t>(num_kv_heads) * 2 * kivi_groups();
     switch (granularity) {
       case ScaleGranularity::kPerTokenHead: return static_cast<size_t>(num_kv_heads) * block_size;
       case ScaleGranularity::kPerBlockHead: return static_cast<size_t>(num_kv_heads);
       default: return 0;
     }
   }
-  // Index into the scale plane for (page, head, slot); per_tensor always 0.
+  // Index into the scale plane for (page, head, slot); per_tensor always 0. Not for int4_kivi.
   KVQ_HD size_t scale_index(int page, int head, int slot) const {
     switch (granularity) {
       case ScaleGranularity::kPerTokenHead:
@@ -129,6 +147,13 @@ struct CacheGeometry {
 // Whether a query at position `q_pos` reads main-pool key `key_pos` from its bf16 recent twin.
 KVQ_HD bool uses_recent(int key_pos, int q_pos, int recent_tokens) {
   return recent_tokens > 0 && key_pos >= q_pos + 1 - recent_tokens;
+}
+// int4_kivi: whether main page `block` (first main-part index block * bs) must hold its final
+// codes once main-part indices [0, main_written) are written, i.e. whether the last of those
+// queries (main index main_written - 1) reads its first token from the codes. R >= block_size
+// makes such a page complete.
+KVQ_HD bool kivi_page_final(int block, int block_size, int main_written, int recent_tokens) {
+  return block * block_size < main_written - recent_tokens;
 }
 // The first main-part index u (key position sink_len + u) that a query at `q_pos` reads in bf16;
 // main_len when none (the window is off or lies inside the sink).

@@ -34,6 +34,15 @@
 //   fork() copies them; share_prefix() refuses a cache with a window (the child would need bf16
 //   copies its donor may have released); truncate() refuses to cut into a window whose twins are
 //   gone. per_block_head codes are written and grown exactly as without the window.
+// - int4_kivi (always with a window, R >= block_size): write() stores only the bf16 twins; a main
+//   page is quantized from its twin (K per channel, V per token: quant/kivi_policy.h) by the write
+//   that makes the page's first token leave the window of its last query (layout.h's
+//   kivi_page_final), so a query never reads codes that are not final and chunked prefill equals
+//   token-by-token decode. extend() quantizes any page a layer has written in full but not yet
+//   quantized before releasing its twin. A write into a page whose twin is gone is refused;
+//   a rewrite of a quantized page re-quantizes it. read_token() returns the codes' values for a
+//   quantized page and the twin's bf16 values for one still in the window. Non-finite inputs are
+//   stored as 0 in the twin and counted there (QuantStats::nonfinite).
 // - Sequence ids are small integers; a freed id is reused by a later add_sequence()/fork().
 #include <cstddef>
 #include <cstdint>
@@ -77,7 +86,7 @@ struct MemoryReport {
 class PagedKvCache {
  public:
   // Validates with clear errors: num_layers >= 1, num_kv_heads >= 1, head_dim 8..256 and a
-  // multiple of 8, block 16|32, num_pages >= 1, the sink rule above, no int4 (kUnsupported). kOutOfMemory when the planes cannot be allocated. All planes start zeroed.
+  // multiple of 8, block 16|32, num_pages >= 1, the sink rule above, int4_kivi only with a window of at least a page. kOutOfMemory when the planes cannot be allocated. All planes start zeroed.
   static Result<std::unique_ptr<PagedKvCache>> create(const CacheConfig& cfg);
 
   // Recent pages one sequence holds at most while it appends `chunk` tokens per extend() with a
@@ -204,6 +213,7 @@ class PagedKvCache {
     std::vector<int32_t> blocks, sink_blocks;
     std::vector<int32_t> recent_blocks;  // twins of `blocks` (-1: none); empty without a window
     std::vector<int> written;  // per layer
+    std::vector<int> kivi_final;  // int4_kivi, per layer: main pages [0, n) hold their final codes
   };
   Status check_seq(SeqId seq) const;
   Status check_layer(int layer) const;
@@ -224,6 +234,16 @@ class PagedKvCache {
                        const float* v);
   void write_outlier_rows(int layer, int kv, int32_t page, int h, int slot0, int slot1, int filled,
                           const std::function<const float*(int)>& row);
+  // int4_kivi (src/cache/kivi_pages.cpp): a main page's codes are written once, from its bf16 twin,
+  // when layout.h's kivi_page_final says a query reads them (or, at the latest, before the twin is
+  // released); before that only the twin holds the page's data.
+  bool kivi() const { return geom_.kivi(); }
+  Status check_kivi_twins(const Sequence& s, int pos0, int end) const;
+  // Quantizes layer `layer`'s pages from kivi_final on while `final_page(block)` holds and the
+  // layer has written the whole page.
+  void finalize_kivi_pages(Sequence& s, int layer, const std::function<bool(int)>& final_page);
+  void quantize_kivi_page(int layer, int32_t page, int32_t twin);
+  Status read_kivi_token(const Sequence& s, int layer, int u, float* k, float* v) const;
   SeqId new_sequence_id();
   CacheGeometry plane_geom(int layer, int kv) const { return layer_geom_[static_cast<size_t>(layer)].plane(kv); }
   // per_tensor: stores layer plane `kv`'s scale for this amax in format `f` (policy.h, the spec's

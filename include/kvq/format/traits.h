@@ -14,7 +14,7 @@
 namespace kvq {
 
 // Storage format of cached K/V values.
-enum class Format : uint8_t { kBf16, kFp16, kFp8E4m3, kFp8E4m3Fnuz, kInt8, kInt4 };
+enum class Format : uint8_t { kBf16, kFp16, kFp8E4m3, kFp8E4m3Fnuz, kInt8, kInt4, kInt4Kivi };
 
 // How a code turns into a value (before the scale).
 enum class CodeKind : uint8_t {
@@ -28,6 +28,10 @@ enum class CodeKind : uint8_t {
 enum class GroupAxis : uint8_t {
   kNone,        // unscaled storage
   kHeadVector,  // all head_dim channels of a head (per_token_head / per_block_head / per_tensor)
+  // KIVI's 2D grouping (int4_kivi): K one (scale, zero point) per channel of a page head (the
+  // page's block_size tokens), V one per (token, head); set once, when the page leaves the bf16
+  // recent window (quant/kivi_policy.h). The granularity option does not apply.
+  kKivi,
 };
 
 struct FormatTraits {
@@ -37,7 +41,7 @@ struct FormatTraits {
   int bits;                 // stored bits per element
   int elems_per_byte;       // packing: 2 = two codes per byte (element 2i in the low nibble); 0 = wider
   bool is_signed;           // codes carry their own sign (symmetric grid)
-  bool zero_point;          // asymmetric: code = x / scale + zero_point (none of today's formats)
+  bool zero_point;          // asymmetric: code = x / scale + zero_point (int4_kivi)
   GroupAxis axis;
   float qmax;               // largest code magnitude the writer emits: what amax / scale maps to
   // |x / scale| at which the encoder saturates: beyond the midpoint between qmax and the next grid
@@ -78,6 +82,14 @@ KVQ_HD constexpr FormatTraits format_traits(Format f) {
     case Format::kInt4:
       return {"int4", "int4 symmetric, -7..7, two per byte (element 2i in the low nibble)", CodeKind::kInteger, 4,
               2, true, false, GroupAxis::kHeadVector, static_cast<float>(format::kInt4Max), 7.5f, true, true, true};
+    case Format::kInt4Kivi:
+      // Codes are computed against the group's [min, max], so nothing clips unless an fp16 scale
+      // was clamped (quant/kivi_policy.h); clip_limit is the code grid's edge 15.5.
+      return {"int4_kivi",
+              "KIVI int4: asymmetric 0..15, K per channel within a page, V per token, fp16 scale + zero point; "
+              "needs the bf16 recent window",
+              CodeKind::kInteger, 4, 2, false, true, GroupAxis::kKivi, static_cast<float>(format::kUint4Max), 15.5f,
+              true, true, false};
   }
   return {"unknown", "unknown", CodeKind::kHalf, 16, 0, true, false, GroupAxis::kNone, 1.0f, 0.0f, true, false, false};
 }

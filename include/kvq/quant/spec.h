@@ -26,6 +26,9 @@ enum class KvRotation : uint8_t { kNone, kHadamard };
 const char* rotation_name(KvRotation r);             // "none" | "hadamard"
 Result<KvRotation> parse_rotation(std::string_view s);
 
+// int4_kivi's recent window when --kv-recent-tokens is not given (or 0): KIVI's residual length.
+inline constexpr int kKiviDefaultRecentTokens = 128;
+
 // Largest sink a spec may ask for; keeps page arithmetic far from int overflow.
 inline constexpr int kMaxSinkTokens = 1 << 24;
 
@@ -71,7 +74,7 @@ Status check_plane_formats(const QuantSpec& spec, int num_layers);
 
 // Strings as the user typed them on the command line.
 struct QuantOptions {
-  std::string kv_cache_dtype = "auto";  // auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8|int4|int4_outlier
+  std::string kv_cache_dtype = "auto";  // auto|bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8|int4|int4_outlier|int4_kivi
   std::string granularity = "per_token_head";
   std::string scale_dtype = "fp32";
   int block_size = 16;
@@ -84,7 +87,10 @@ struct QuantOptions {
 // Accepted values (anything else is kInvalidArgument naming the accepted ones):
 //   kv_cache_dtype: auto | bf16 (bfloat16) | fp16 (float16) | fp8 == fp8_e4m3 (OCP) |
 //                   fp8_fnuz (== fp8_e4m3_fnuz, AMD) | int8 | int4 | int4_outlier (int4 + outliers,
-//                   per_token_head only);  int4_kivi, fp8_e5m2 -> kUnsupported
+//                   per_token_head only) | int4_kivi (K per channel of a page, V per token, asymmetric,
+//                   fp16 scale + zero point: scale_dtype becomes fp16; needs the recent window: R 0
+//                   means kKiviDefaultRecentTokens, R < block_size is kInvalidArgument; granularity
+//                   other than the default per_token_head is kInvalidArgument);  fp8_e5m2 -> kUnsupported
 //   granularity:    per_tensor | per_token_head | per_block_head
 //   scale_dtype:    fp32 (float32) | fp16 (float16)
 //   block_size:     16 | 32;   sink_tokens, recent_tokens: 0 ..= kMaxSinkTokens;   rotate: none | hadamard

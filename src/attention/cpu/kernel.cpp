@@ -9,6 +9,7 @@
 
 #include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
+#include "kvq/quant/kivi_policy.h"
 #include "kvq/quant/outlier.h"
 
 namespace kvq::attention::cpu::detail {
@@ -169,6 +170,22 @@ void TileLoader::decode_row(int kv, const uint8_t* plane, size_t offset, float* 
   }
 }
 
+void TileLoader::load_kivi_row(int page, int head, int slot, float* k, float* v) const {
+  const int d = p_.geom.head_dim;
+  for (int kv = 0; kv < 2; ++kv) {
+    const cache::CacheGeometry& g = kv == 0 ? k_geom_ : v_geom_;
+    const uint8_t* row = (kv == 0 ? p_.layer.k_codes : p_.layer.v_codes) + g.code_offset(page, head, slot);
+    const void* params = kv == 0 ? p_.layer.k_scales : p_.layer.v_scales;
+    float* out = kv == 0 ? k : v;
+    for (int c = 0; c < d; ++c) {
+      const int grp = kv == 0 ? c : slot;  // K per channel, V per token
+      const quant::KiviParams q{cache::load_scale(params, g.kivi_param_index(page, head, grp, false), g.scale_dtype),
+                                cache::load_scale(params, g.kivi_param_index(page, head, grp, true), g.scale_dtype)};
+      out[c] = quant::kivi_value(format::uint4_at(row, static_cast<size_t>(c)), q);
+    }
+  }
+}
+
 namespace {
 
 // Sizes `tile` for n tokens with unit scales (the scales of bf16 tokens).
@@ -216,6 +233,10 @@ void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const 
   const int32_t* row = p_.tables.block_tables + static_cast<size_t>(seq) * p_.tables.max_blocks;
   for (int u = 0; u < n; ++u) {
     const int page = row[u / bs], slot = u % bs;
+    if (g.kivi()) {  // K's scale is per channel: it cannot ride on the logit, so the tile holds values
+      load_kivi_row(page, head, slot, &tile.k[static_cast<size_t>(u) * d], &tile.v[static_cast<size_t>(u) * d]);
+      continue;
+    }
     // Each plane has its own format, hence its own byte offset (int4 packs two codes per byte).
     decode_row(0, p_.layer.k_codes, k_geom_.code_offset(page, head, slot), &tile.k[static_cast<size_t>(u) * d]);
     decode_row(1, p_.layer.v_codes, v_geom_.code_offset(page, head, slot), &tile.v[static_cast<size_t>(u) * d]);

@@ -5,7 +5,8 @@
 // split into two parts (bf16 sink pages, quantized pages), each part gets its own softmax (max,
 // sum, unnormalised V accumulator), and the two are merged exactly by log-sum-exp. Within a part,
 // K and V are decoded to float *codes* and the per-token scales are kept apart, to be folded into
-// the logits (k scale) and the probabilities (v scale), which is what a fused-dequant kernel does.
+// the logits (k scale) and the probabilities (v scale), which is what a fused-dequant kernel does
+// (int4_kivi's K scales are per channel, so its tiles hold dequantized values with scales 1).
 // With a bf16 recent window (geometry.recent_tokens R > 0) the quantized part splits once more: a
 // query at position q reads main keys before q + 1 - R from the codes and the rest from their bf16
 // twins (a third part), so the window moves with the query exactly as in token-by-token decode.
@@ -61,6 +62,8 @@ class TileLoader {
  private:
   // kv 0 = K, 1 = V: a layer of a per-layer mix may store them in different formats.
   void decode_row(int kv, const uint8_t* plane, size_t offset, float* out) const;  // offset: code_offset
+  // int4_kivi: one token's K and V values (scale and zero point applied; the tile's scales stay 1).
+  void load_kivi_row(int page, int head, int slot, float* k, float* v) const;
   const Problem& p_;
   cache::CacheGeometry k_geom_, v_geom_;  // p_.geom.plane(0 / 1)
   bool k_scaled_, v_scaled_;

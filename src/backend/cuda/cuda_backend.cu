@@ -50,6 +50,11 @@ bool fast_shape(const cache::CacheGeometry& g) {
          format_bits(g.format) >= 8;
 }
 
+// What a user refused a format on this backend can do instead.
+std::string device_alternative(Format f) {
+  return f == Format::kInt4Kivi ? "int4_kivi runs on the CPU backend for now (--backend cpu)" : "use int8 or fp8";
+}
+
 Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
   if (g.head_dim < 8 || g.head_dim > cuda_ops::kMaxGenericHeadDim || g.head_dim % 8 != 0)
     return unsupported(std::string("cuda ") + op + ": head_dim " + str(g.head_dim) +
@@ -57,7 +62,7 @@ Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
   if (g.block_size < 1) return invalid_argument(std::string("cuda ") + op + ": block_size must be positive");
   if (!format_traits(g.format).device_ready)
     return unsupported(std::string("cuda ") + op + ": " + format_name(g.format) +
-                       " caches are not supported by the CUDA backend; use int8 or fp8");
+                       " caches are not supported by the CUDA backend; " + device_alternative(g.format));
   if (g.outlier_capacity > 0)
     return unsupported(std::string("cuda ") + op +
                        ": int4_outlier caches (sparse outlier planes) are CPU-only for now; use --backend cpu");
@@ -227,7 +232,8 @@ class CudaBackend final : public Backend {
                              std::to_string(l) + (kv ? " V" : " K") + " next to " + format_name(g.format));
     if (fast_shape(g)) {
       if (!format_traits(g.format).device_ready)
-        return unsupported(std::string("cuda backend: ") + format_name(g.format) + " caches are not supported; use int8 or fp8");
+        return unsupported(std::string("cuda backend: ") + format_name(g.format) + " caches are not supported; " +
+                           device_alternative(g.format));
     } else {
       KVQ_RETURN_IF_ERROR(check_generic_shape(g, "cache"));
     }
