@@ -60,6 +60,9 @@ KvCache::KvCache(const CacheOptions& o) {
   q.sink_tokens = o.sink_tokens;
   auto spec = parse_quant_spec(q, backend::auto_cache_format(kind));
   throw_if_error(spec.status());
+  if (spec.value().format == Format::kInt4Kivi)  // its pages are quantized from bf16 recent-window twins
+    throw_if_error(unsupported("KVCache: int4_kivi needs the bf16 recent window, which the Python cache does not "
+                               "offer yet; use int4 here, or int4_kivi through kvq eval / generate"));
   cache::CacheConfig cfg;
   cfg.num_layers = o.num_layers;
   cfg.num_kv_heads = o.num_kv_heads;

@@ -1,6 +1,7 @@
 // CPU decode and prefill with a bf16 recent window against a float64 reference that applies the
 // per-query rule itself: a query at position t sees key j as bf16(input) when j is in the sink or
-// j >= t + 1 - R, and as the dequantized stored codes otherwise.
+// j >= t + 1 - R, and as the dequantized stored codes otherwise (read_token: for int4_kivi a page
+// reads back from its codes once they are final, else from its twin).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -68,6 +69,7 @@ TEST_P(CpuRecentWindow, MatchesPerQueryFloat64Reference) {
   cfg.spec.granularity = cs.granularity;
   cfg.spec.sink_tokens = kSink;
   cfg.spec.recent_tokens = cs.recent;
+  if (cs.format == Format::kInt4Kivi) cfg.spec.scale_dtype = ScaleDtype::kFp16;  // as parse_quant_spec sets it
   cfg.num_pages = 64, cfg.num_sink_pages = 4;
   cfg.num_recent_pages = 2 * cache::PagedKvCache::recent_pages_per_sequence(cs.recent, 21, 16);
   auto made = cache::PagedKvCache::create(cfg);
@@ -134,7 +136,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 17},
                       Case{Format::kFp8E4m3Fnuz, ScaleGranularity::kPerBlockHead, 33},
                       Case{Format::kInt8, ScaleGranularity::kPerTensor, 1},
-                      Case{Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 1000}));
+                      Case{Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 1000},
+                      // int4_kivi: pages quantized from their twins as they leave the window (R >= block);
+                      // a query reading a page not yet quantized would see zero codes, not the reference.
+                      Case{Format::kInt4Kivi, ScaleGranularity::kPerTokenHead, 16},
+                      Case{Format::kInt4Kivi, ScaleGranularity::kPerTokenHead, 29}));
 
 TEST(CpuRecentWindowArgs, MissingTwinTableIsRefused) {
   cache::CacheConfig cfg;

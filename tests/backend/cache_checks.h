@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -55,6 +56,14 @@ inline std::vector<std::pair<Format, ScaleGranularity>> format_pairs() {
   return v;
 }
 
+// An int4_kivi case: the format fixes its grouping and fp16 parameters and needs recent >= block.
+inline CacheCase kivi_case(int head_dim, int group, int block, int sink, int recent) {
+  CacheCase c;
+  c.format = Format::kInt4Kivi, c.scale_dtype = ScaleDtype::kFp16;
+  c.head_dim = head_dim, c.group = group, c.block = block, c.sink = sink, c.recent = recent;
+  return c;
+}
+
 // The full product for writes (168 cases): they are cheap, and bit-exactness is all or nothing.
 inline std::vector<CacheCase> write_cases() {
   std::vector<CacheCase> v;
@@ -77,6 +86,11 @@ inline std::vector<CacheCase> write_cases() {
     c.head_dim = 8, c.block = 32, c.sink = 0, c.recent = 64;
     v.push_back(c);
   }
+  // int4_kivi (its window holds at least a page; fp16 parameters): every head_dim and block, with
+  // and without a sink, windows of one page, mid-page and several pages (4 cases).
+  for (const int* s : {std::array<int, 4>{64, 16, 32, 20}.data(), std::array<int, 4>{8, 32, 0, 64}.data(),
+                       std::array<int, 4>{128, 16, 0, 16}.data(), std::array<int, 4>{64, 32, 32, 40}.data()})
+    v.push_back(kivi_case(s[0], 1, s[1], s[2], s[3]));
   // fp16 scale planes (DESIGN §3): every quantized pair at every head_dim, both blocks, a sink.
   for (auto [f, g] : format_pairs()) {
     if (!is_quantized(f)) continue;
@@ -120,6 +134,12 @@ inline std::vector<CacheCase> attention_cases() {
     c.format = pairs[i].first, c.granularity = pairs[i].second;
     c.head_dim = s[0], c.group = s[1], c.block = s[2], c.sink = s[3], c.recent = recents[i % 3];
     v.push_back(c);
+  }
+  // int4_kivi on 4 shapes that cover every head_dim, ratio, block and sink, windows >= a page.
+  const int kivi_recents[4] = {16, 40, 21, 64};
+  for (int j = 0; j < 4; ++j) {
+    const int* s = shapes[(3 * j + 1) % 12];
+    v.push_back(kivi_case(s[0], s[1], s[2], s[3], std::max(kivi_recents[j], s[2])));
   }
   // fp16 scale planes: each quantized pair on 4 shapes, rotated the other way round (18 shapes
   // apart from its fp32 ones), so every granularity meets every head_dim and ratio.

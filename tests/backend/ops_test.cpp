@@ -14,9 +14,9 @@
 // Cases (per backend; counts in the report of each run): a reduced cross product where every
 // value of every axis appears: GEMM 12, RMSNorm 6, RoPE 7, SwiGLU 3, Embed 4, Sample 3,
 // CacheWrite 150 (the full dtype x granularity x head_dim x block x sink product: writes are
-// cheap; plus 18 with a bf16 recent window), Decode 57 and Prefill 57 (11 dtype/granularity pairs
-// over 12 rotating shapes of head_dim x GQA ratio x block x sink, plus 9 with a recent window),
-// refusals 5, memory (allocate / copy / upload_matrix) 3: 325 per backend. A backend may answer kUnsupported for a case it does not serve (e.g. head_dim 8
+// cheap; plus 18 with a bf16 recent window, 4 int4_kivi), Decode 61 and Prefill 61 (11 dtype/granularity
+// pairs over 12 rotating shapes of head_dim x GQA ratio x block x sink, plus 9 with a recent window,
+// 4 int4_kivi), refusals 5, memory (allocate / copy / upload_matrix) 3: 337 per backend. A backend may answer kUnsupported for a case it does not serve (e.g. head_dim 8
 // on CUDA); the case then checks that nothing was written and is reported as skipped. The CPU
 // backend (the reference) must serve every case.
 #include <gtest/gtest.h>
@@ -645,7 +645,8 @@ TEST(BackendOpsCases, EveryAxisValueAppears) {
   const auto cases = all_cases();
   auto count = [&](auto pred) { return std::count_if(cases.begin(), cases.end(), pred); };
   for (Op op : {Op::kDecode, Op::kPrefill, Op::kCacheWrite}) {
-    for (Format f : {Format::kBf16, Format::kFp16, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kInt4})
+    for (Format f : {Format::kBf16, Format::kFp16, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kInt4,
+                     Format::kInt4Kivi})
       EXPECT_GT(count([&](const OpCase& c) { return c.op == op && c.cache.format == f; }), 0) << op_name(op);
     for (ScaleGranularity g : {ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead,
                                ScaleGranularity::kPerTensor})
@@ -661,7 +662,7 @@ TEST(BackendOpsCases, EveryAxisValueAppears) {
         EXPECT_GT(count([&](const OpCase& c) { return c.op == op && c.cache.block == b && c.cache.sink == s; }), 0);
   }
   for (Op op : {Op::kDecode, Op::kPrefill, Op::kCacheWrite})  // the recent window on every quantized format
-    for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8})
+    for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kInt4Kivi})
       EXPECT_GT(count([&](const OpCase& c) { return c.op == op && c.cache.format == f && c.cache.recent > 0; }), 0);
   for (Op op : {Op::kDecode, Op::kPrefill})
     for (int d : {8, 64, 128, 256})

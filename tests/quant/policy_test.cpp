@@ -30,6 +30,7 @@ Grid grid_of(Format f) {
     case Format::kFp8E4m3Fnuz: return {4, 224.0};
     case Format::kInt8: return {0, 127.0};
     case Format::kInt4: return {0, 7.0};
+    case Format::kInt4Kivi: return {0, 15.0};
   }
   return {0, 0.0};
 }
@@ -66,7 +67,9 @@ TEST(FormatTraits, TableAgreesWithTheCodecs) {
     if (!is_quantized(f)) continue;
     // qmax is what the encoder saturates to, and a code the decoder gives back exactly.
     EXPECT_EQ(decode_byte(f, encode_byte(f, 1e30f)), t.qmax) << t.name;
-    EXPECT_EQ(decode_byte(f, encode_byte(f, -1e30f)), -t.qmax) << t.name;
+    // An unsigned grid (zero point added before encoding) bottoms out at code 0.
+    EXPECT_EQ(decode_byte(f, encode_byte(f, -1e30f)), t.is_signed ? -t.qmax : 0.f) << t.name;
+    EXPECT_EQ(t.zero_point, !t.is_signed) << t.name;
     EXPECT_EQ(static_cast<double>(t.qmax), grid_of(f).max_emitted) << t.name;
     EXPECT_TRUE(t.cache_ready) << t.name;
     if (t.device_ready) {

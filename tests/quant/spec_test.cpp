@@ -32,17 +32,46 @@ TEST(ParseKvCacheDtype, RejectsUnknownNamingTheAcceptedValues) {
   }
 }
 
-TEST(ParseKvCacheDtype, Int4KiviAndE5m2AreUnsupportedNotUnknown) {
+TEST(ParseKvCacheDtype, Int4KiviIsAcceptedE5m2IsUnsupportedNotUnknown) {
   Result<Format> int4 = parse_kv_cache_dtype("int4");
   ASSERT_TRUE(int4.is_ok());
   EXPECT_EQ(int4.value(), Format::kInt4);
   Result<Format> r = parse_kv_cache_dtype("int4_kivi");
-  ASSERT_FALSE(r.is_ok());
-  EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
-  EXPECT_NE(r.status().message().find("int4_kivi KV cache not implemented yet"), std::string::npos);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r.value(), Format::kInt4Kivi);
   Result<Format> e5 = parse_kv_cache_dtype("fp8_e5m2");
   ASSERT_FALSE(e5.is_ok());
   EXPECT_EQ(e5.status().code(), StatusCode::kUnsupported);
+}
+
+// int4_kivi brings its own window (KIVI's residual, 128 by default), fp16 parameters and grouping.
+TEST(ParseQuantSpec, Int4KiviRules) {
+  QuantOptions o;
+  o.kv_cache_dtype = "int4_kivi";
+  Result<QuantSpec> d = parse_quant_spec(o);
+  ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+  EXPECT_EQ(d.value().recent_tokens, kKiviDefaultRecentTokens);
+  EXPECT_EQ(d.value().scale_dtype, ScaleDtype::kFp16);
+  EXPECT_EQ(d.value().to_string(), "int4_kivi/b16/sink256/recent128");
+  o.block_size = 32;
+  o.recent_tokens = 32;
+  Result<QuantSpec> edge = parse_quant_spec(o);
+  ASSERT_TRUE(edge.is_ok()) << edge.status().to_string();
+  EXPECT_EQ(edge.value().recent_tokens, 32);
+  o.recent_tokens = 31;
+  Result<QuantSpec> small = parse_quant_spec(o);
+  ASSERT_FALSE(small.is_ok());
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.status().message().find("--kv-recent-tokens 31"), std::string::npos) << small.status().message();
+  EXPECT_NE(small.status().message().find("--block-size 32"), std::string::npos) << small.status().message();
+  o.recent_tokens = 0;
+  o.granularity = "per_block_head";
+  Result<QuantSpec> g = parse_quant_spec(o);
+  ASSERT_FALSE(g.is_ok());
+  EXPECT_NE(g.status().message().find("--kv-scale-granularity"), std::string::npos) << g.status().message();
+  QuantSpec mix;
+  mix.plane_formats = {Format::kInt8, Format::kInt4Kivi};
+  EXPECT_EQ(check_plane_formats(mix, 1).code(), StatusCode::kUnsupported);
 }
 
 TEST(ParseKvCacheDtype, AutoNeedsTheSpecParser) {
@@ -145,7 +174,8 @@ TEST(ParseQuantSpec, BadValuesFailWithTheirOptionName) {
     return o;
   };
   cases.push_back({with([](QuantOptions& o) { o.kv_cache_dtype = "fp9"; }), StatusCode::kInvalidArgument, "--kv-cache-dtype"});
-  cases.push_back({with([](QuantOptions& o) { o.kv_cache_dtype = "int4_kivi"; }), StatusCode::kUnsupported, "int4_kivi"});
+  cases.push_back({with([](QuantOptions& o) { o.kv_cache_dtype = "int4_kivi", o.recent_tokens = 8; }),
+                   StatusCode::kInvalidArgument, "--kv-recent-tokens"});
   cases.push_back({with([](QuantOptions& o) { o.granularity = "per_channel"; }), StatusCode::kInvalidArgument, "--kv-scale-granularity"});
   cases.push_back({with([](QuantOptions& o) { o.scale_dtype = "bf16"; }), StatusCode::kInvalidArgument, "fp32"});
   cases.push_back({with([](QuantOptions& o) { o.scale_dtype = ""; }), StatusCode::kInvalidArgument, "fp32"});

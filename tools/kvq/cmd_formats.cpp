@@ -46,7 +46,7 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   auto opt = std::make_shared<FormatsOptions>();
   CLI::App* sub = app.add_subcommand("formats", "List the KV cache storage formats, or dump one format's codes");
   sub->add_option("--dump", opt->dump,
-                  "Print every code of FORMAT (fp8_e4m3, fp8_e4m3_fnuz, int8, int4) as '0xNN <value as %a>'");
+                  "Print every code of FORMAT (fp8_e4m3, fp8_e4m3_fnuz, int8, int4, int4_kivi) as '0xNN <value as %a>'");
   return [opt] { return run_formats(*opt); };
 }}};
 
