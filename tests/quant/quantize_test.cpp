@@ -29,7 +29,7 @@ Bound grid_bound(Format f) {
   switch (f) {
     case Format::kFp8E4m3: return {std::ldexp(1.0, -4), std::ldexp(1.0, -10)};
     case Format::kFp8E4m3Fnuz: return {std::ldexp(1.0, -4), std::ldexp(1.0, -11)};
-    case Format::kInt8: case Format::kInt4: return {0.0, 0.5};
+    case Format::kInt8: case Format::kInt4: case Format::kInt4Kivi: return {0.0, 0.5};
     case Format::kBf16: return {std::ldexp(1.0, -8), std::ldexp(1.0, -134)};
     case Format::kFp16: return {std::ldexp(1.0, -11), std::ldexp(1.0, -25)};
   }

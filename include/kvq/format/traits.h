@@ -89,7 +89,7 @@ KVQ_HD constexpr FormatTraits format_traits(Format f) {
               "KIVI int4: asymmetric 0..15, K per channel within a page, V per token, fp16 scale + zero point; "
               "needs the bf16 recent window",
               CodeKind::kInteger, 4, 2, false, true, GroupAxis::kKivi, static_cast<float>(format::kUint4Max), 15.5f,
-              true, true, false};
+              true, true, true};
   }
   return {"unknown", "unknown", CodeKind::kHalf, 16, 0, true, false, GroupAxis::kNone, 1.0f, 0.0f, true, false, false};
 }

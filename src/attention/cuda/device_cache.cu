@@ -63,10 +63,11 @@ Result<DeviceLayer> DeviceLayer::create(const cache::CacheGeometry& g) {
   DeviceLayer l;
   l.geom_ = g;
   const bool block_amax = g.has_scales() && g.granularity == ScaleGranularity::kPerBlockHead;
-  const size_t sizes[10] = {g.code_plane_bytes(),
-                           g.code_plane_bytes(),
-                           g.scale_plane_bytes(),
-                           g.scale_plane_bytes(),
+  // K and V planes each by their own geometry (int4_kivi's parameter planes differ in size).
+  const size_t sizes[10] = {g.plane(0).code_plane_bytes(),
+                           g.plane(1).code_plane_bytes(),
+                           g.plane(0).scale_plane_bytes(),
+                           g.plane(1).scale_plane_bytes(),
                            g.sink_plane_bytes(),
                            g.sink_plane_bytes(),
                            block_amax ? cache::align_up(static_cast<size_t>(g.num_pages) * g.num_kv_heads * 4, 128) : 0,

@@ -26,6 +26,7 @@
 #include "kvq/attention/cuda/write.h"
 #include "kvq/common/cuda_device.h"
 #include "ops/attention_generic.cuh"
+#include "ops/kivi_pages.cuh"
 #include "ops/elementwise.cuh"
 #include "ops/sample.cuh"
 
@@ -50,11 +51,6 @@ bool fast_shape(const cache::CacheGeometry& g) {
          format_bits(g.format) >= 8;
 }
 
-// What a user refused a format on this backend can do instead.
-std::string device_alternative(Format f) {
-  return f == Format::kInt4Kivi ? "int4_kivi runs on the CPU backend for now (--backend cpu)" : "use int8 or fp8";
-}
-
 Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
   if (g.head_dim < 8 || g.head_dim > cuda_ops::kMaxGenericHeadDim || g.head_dim % 8 != 0)
     return unsupported(std::string("cuda ") + op + ": head_dim " + str(g.head_dim) +
@@ -62,7 +58,7 @@ Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
   if (g.block_size < 1) return invalid_argument(std::string("cuda ") + op + ": block_size must be positive");
   if (!format_traits(g.format).device_ready)
     return unsupported(std::string("cuda ") + op + ": " + format_name(g.format) +
-                       " caches are not supported by the CUDA backend; " + device_alternative(g.format));
+                       " caches are not supported by the CUDA backend; use int8 or fp8");
   if (g.outlier_capacity > 0)
     return unsupported(std::string("cuda ") + op +
                        ": int4_outlier caches (sparse outlier planes) are CPU-only for now; use --backend cpu");
@@ -88,14 +84,16 @@ class CudaCacheStorage final : public CacheStorage {
     const kc::DeviceLayer& d = layers_[static_cast<size_t>(l)];
     out->k_codes.resize(geom_.code_plane_bytes());
     out->v_codes.resize(geom_.code_plane_bytes());
-    out->k_scales.resize(geom_.scale_plane_bytes() / sizeof(float));
-    out->v_scales.resize(geom_.scale_plane_bytes() / sizeof(float));
+    // int4_kivi's K and V parameter planes differ in size: each plane's own geometry.
+    const size_t k_scale_bytes = geom_.plane(0).scale_plane_bytes(), v_scale_bytes = geom_.plane(1).scale_plane_bytes();
+    out->k_scales.resize(k_scale_bytes / sizeof(float));
+    out->v_scales.resize(v_scale_bytes / sizeof(float));
     out->k_sink.resize(geom_.sink_plane_bytes() / sizeof(uint16_t));
     out->v_sink.resize(geom_.sink_plane_bytes() / sizeof(uint16_t));
     KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kKCodes, out->k_codes.data(), geom_.code_plane_bytes()));
     KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVCodes, out->v_codes.data(), geom_.code_plane_bytes()));
-    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kKScales, out->k_scales.data(), geom_.scale_plane_bytes()));
-    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVScales, out->v_scales.data(), geom_.scale_plane_bytes()));
+    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kKScales, out->k_scales.data(), k_scale_bytes));
+    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVScales, out->v_scales.data(), v_scale_bytes));
     KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kKSink, out->k_sink.data(), geom_.sink_plane_bytes()));
     KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVSink, out->v_sink.data(), geom_.sink_plane_bytes()));
     out->k_recent.resize(geom_.recent_plane_bytes() / sizeof(uint16_t));
@@ -232,8 +230,7 @@ class CudaBackend final : public Backend {
                              std::to_string(l) + (kv ? " V" : " K") + " next to " + format_name(g.format));
     if (fast_shape(g)) {
       if (!format_traits(g.format).device_ready)
-        return unsupported(std::string("cuda backend: ") + format_name(g.format) + " caches are not supported; " +
-                           device_alternative(g.format));
+        return unsupported(std::string("cuda backend: ") + format_name(g.format) + " caches are not supported; use int8 or fp8");
     } else {
       KVQ_RETURN_IF_ERROR(check_generic_shape(g, "cache"));
     }
@@ -410,7 +407,39 @@ class CudaBackend final : public Backend {
     r.in[0] = a.k, r.in[1] = a.v;
     r.slots = a.recent_slot_mapping;
     cuda_ops::write_recent_kernel<<<a.rows, 128, 0, stream_>>>(r);
-    return launch_status("cuda cache write (recent window)");
+    KVQ_RETURN_IF_ERROR(launch_status("cuda cache write (recent window)"));
+    return g.kivi() ? quantize_kivi_pages(a, g, d) : Status::ok();
+  }
+
+  // int4_kivi: the pages this write makes final (kivi_page_final for its last query, and not before
+  // it, or rewritten by it) are quantized from their twins, which the write has just completed.
+  Status quantize_kivi_pages(const CacheWriteArgs& a, const cache::CacheGeometry& g, const kc::DeviceLayer& d) {
+    cuda_ops::KiviPagesParams p{};
+    p.geom = g;
+    p.layer = d.view();
+    auto launch = [&]() {
+      if (p.n == 0) return Status::ok();
+      cuda_ops::kivi_pages_kernel<<<dim3(p.n, g.num_kv_heads, 2), 128, 0, stream_>>>(p);
+      p.n = 0;
+      return launch_status("cuda cache write (int4_kivi pages)");
+    };
+    const int bs = g.block_size, R = g.recent_tokens;
+    for (int i = 0; i < a.num_spans; ++i) {
+      const WriteSpan& s = a.spans[i];
+      const int cap = a.book->sink_capacity(s.seq), before = s.pos0 - cap, after = s.pos0 + s.n - cap;
+      const auto& blocks = a.book->block_table(s.seq);
+      const auto& twins = a.book->recent_table(s.seq);
+      for (int b = 0; b < static_cast<int>(blocks.size()) && cache::kivi_page_final(b, bs, after, R); ++b) {
+        if (cache::kivi_page_final(b, bs, before, R) && (b + 1) * bs <= before) continue;  // final already
+        if (static_cast<size_t>(b) >= twins.size() || twins[static_cast<size_t>(b)] < 0)
+          return invalid_argument("cuda cache write: int4_kivi page " + str(b) + " of sequence " + str(s.seq) +
+                                  " must be quantized from its bf16 twin, which was released; write every layer's "
+                                  "tokens before extending the sequence past them");
+        p.page[p.n] = blocks[static_cast<size_t>(b)], p.twin[p.n] = twins[static_cast<size_t>(b)];
+        if (++p.n == cuda_ops::kKiviPagesPerLaunch) KVQ_RETURN_IF_ERROR(launch());
+      }
+    }
+    return launch();
   }
 
   // ---- attention -----------------------------------------------------------------------------------
@@ -691,6 +720,9 @@ class CudaBackend final : public Backend {
         break;
       case Format::kInt8: cuda_ops::generic_attend_kernel<Format::kInt8><<<grid, block, 0, stream_>>>(p); break;
       case Format::kInt4: cuda_ops::generic_attend_kernel<Format::kInt4><<<grid, block, 0, stream_>>>(p); break;
+      case Format::kInt4Kivi:
+        cuda_ops::generic_attend_kernel<Format::kInt4Kivi><<<grid, block, 0, stream_>>>(p);
+        break;
       default: return unsupported("cuda attention: unsupported cache format");
     }
     return launch_status(prefill_pos0 < 0 ? "cuda decode (generic)" : "cuda prefill (generic)");

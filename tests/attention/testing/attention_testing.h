@@ -170,6 +170,7 @@ inline uint8_t poison_code_byte(Format f, size_t byte_index) {
     case Format::kFp8E4m3Fnuz: return 0x80;   // NaN
     case Format::kInt8: return 0x7F;          // 127: no NaN in int8; a read shows as a large error
     case Format::kInt4: return 0x77;          // both nibbles +7 (qmax): no NaN either
+    case Format::kInt4Kivi: return 0xFF;      // both nibbles 15 (its parameters are poisoned to NaN)
     case Format::kBf16: return byte_index % 2 == 0 ? 0xC0 : 0x7F;  // 0x7FC0 little-endian: NaN
     case Format::kFp16: return byte_index % 2 == 0 ? 0x00 : 0x7E;  // 0x7E00: NaN
     default: return 0xFF;
@@ -186,7 +187,7 @@ inline Status poison_unowned(cache::PagedKvCache& c, const std::vector<cache::Se
   const cache::CacheGeometry& g = c.geometry();
   const int bs = g.block_size, hkv = g.num_kv_heads, d = g.head_dim;
   const float nan = std::nanf("");
-  const bool per_slot_scales = g.has_scales() && g.granularity == ScaleGranularity::kPerTokenHead;
+  const bool per_slot_scales = g.has_scales() && !g.kivi() && g.granularity == ScaleGranularity::kPerTokenHead;
   const bool per_page_scales = g.has_scales() && g.granularity == ScaleGranularity::kPerBlockHead;
   // Slots [from, bs) of main page `page` (from = 0: the whole page).
   auto poison_main = [&](const cache::LayerView& lv, int page, int from) {
@@ -201,6 +202,14 @@ inline Status poison_unowned(cache::PagedKvCache& c, const std::vector<cache::Se
       if (per_slot_scales)
         for (int s = from; s < bs; ++s) poison_scale(g.scale_index(page, h, s));
       if (per_page_scales && from == 0) poison_scale(g.scale_index(page, h, 0));
+      if (g.kivi() && from == 0)  // a partial page is never final, so only free pages' parameters
+        for (int kv = 0; kv < 2; ++kv) {
+          const cache::CacheGeometry pg = g.plane(kv);
+          for (int grp = 0; grp < pg.kivi_groups(); ++grp)
+            for (bool zero : {false, true})
+              cache::store_scale(kv == 0 ? lv.k_scales : lv.v_scales, pg.kivi_param_index(page, h, grp, zero), nan,
+                                 g.scale_dtype);
+        }
     }
   };
   auto poison_bf16 = [&](uint16_t* k, uint16_t* v, int page, int from) {

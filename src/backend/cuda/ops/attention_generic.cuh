@@ -15,6 +15,7 @@
 #include "kvq/cache/layout.h"
 #include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
+#include "kvq/quant/kivi_policy.h"
 #include "kvq/quant/policy.h"
 
 namespace kvq::backend::cuda_ops {
@@ -104,6 +105,10 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
       const int page = cache::slot_page(s, bs), slot = cache::slot_in_page(s, bs);
       if (cache::slot_is_sink(s)) {
         store_row(Format::kBf16, reinterpret_cast<uint8_t*>(sink), 2 * g.elem_index(page, h, slot), row(t, h), d, 1.f);
+        ++t;
+        continue;
+      }
+      if (g.kivi()) {  // its codes come later, from the bf16 twin, when the page is final (kivi_pages.cuh)
         ++t;
         continue;
       }
@@ -207,6 +212,7 @@ struct TokRef {
   unsigned long long elem;
   float ks, vs;
   int where;  // kTokCodes | kTokSink | kTokRecent
+  int page, head, slot;  // int4_kivi codes: where its per-channel / per-token parameters are
 };
 
 template <Format F>
@@ -216,16 +222,16 @@ __device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq,
   const int bs = g.block_size;
   if (j < sink_len) {
     const int page = p.tables.sink_tables[size_t(seq) * p.tables.max_sink_blocks + j / bs];
-    return {g.elem_index(page, kvh, j % bs), 1.f, 1.f, kTokSink};
+    return {g.elem_index(page, kvh, j % bs), 1.f, 1.f, kTokSink, 0, 0, 0};
   }
   const int u = j - sink_len;
   if (cache::uses_recent(j, q_pos, g.recent_tokens)) {
     const int page = p.tables.recent_tables[size_t(seq) * p.tables.max_blocks + u / bs];
-    return {g.elem_index(page, kvh, u % bs), 1.f, 1.f, kTokRecent};
+    return {g.elem_index(page, kvh, u % bs), 1.f, 1.f, kTokRecent, 0, 0, 0};
   }
   const int page = p.tables.block_tables[size_t(seq) * p.tables.max_blocks + u / bs], slot = u % bs;
-  TokRef t{g.code_offset(page, kvh, slot), 1.f, 1.f, kTokCodes};
-  if constexpr (F != Format::kBf16 && F != Format::kFp16) {
+  TokRef t{g.code_offset(page, kvh, slot), 1.f, 1.f, kTokCodes, page, kvh, slot};
+  if constexpr (F != Format::kBf16 && F != Format::kFp16 && F != Format::kInt4Kivi) {
     const size_t si = g.scale_index(page, kvh, slot);  // per_tensor: 0
     t.ks = cache::load_scale(p.layer.k_scales, si, g.scale_dtype);
     t.vs = cache::load_scale(p.layer.v_scales, si, g.scale_dtype);
@@ -242,6 +248,14 @@ __device__ __forceinline__ float tok_value(const GenericAttendParams& p, bool is
   if constexpr (F == Format::kBf16) return format::bf16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
   else if constexpr (F == Format::kFp16) return format::fp16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
   else if constexpr (F == Format::kInt4) return float(format::int4_at(c + t.elem, size_t(i))) * (is_v ? t.vs : t.ks);
+  else if constexpr (F == Format::kInt4Kivi) {  // K's parameters per channel, V's per token
+    const cache::CacheGeometry g = p.geom.plane(is_v ? 1 : 0);
+    const void* prm = is_v ? p.layer.v_scales : p.layer.k_scales;
+    const int grp = is_v ? t.slot : i;
+    const quant::KiviParams q{cache::load_scale(prm, g.kivi_param_index(t.page, t.head, grp, false), g.scale_dtype),
+                              cache::load_scale(prm, g.kivi_param_index(t.page, t.head, grp, true), g.scale_dtype)};
+    return quant::kivi_value(format::uint4_at(c + t.elem, size_t(i)), q);
+  }
   else return kvq::decode_byte(F, c[t.elem + i]) * (is_v ? t.vs : t.ks);
 }
 
