@@ -60,6 +60,7 @@ void quantize_row(Format f, const float* x, int n, float scale, uint8_t* codes, 
       }
       break;
     case Format::kInt4:
+    case Format::kInt4Kivi:  // int4_kivi here: one group, zero point 0 (the cache's groups: kivi_policy.h)
       for (int i = 0; i < n; i += 2) {
         int q[2] = {0, 0};
         for (int j = 0; j < 2 && i + j < n; ++j) {
@@ -69,24 +70,8 @@ void quantize_row(Format f, const float* x, int n, float scale, uint8_t* codes, 
             continue;
           }
           const float s = div_rn(v, scale);
-          if (clips(f, s)) ++local.saturated;
-          q[j] = format::encode_symmetric_int(s, format::kInt4Max);
-        }
-        codes[i / 2] = format::pack_int4(q[0], q[1]);
-      }
-      break;
-    case Format::kInt4Kivi:  // one group with zero point 0; the cache's groups use quant/kivi_policy.h
-      for (int i = 0; i < n; i += 2) {
-        int q[2] = {0, 0};
-        for (int j = 0; j < 2 && i + j < n; ++j) {
-          const float v = x[i + j];
-          if (!std::isfinite(v)) {
-            ++local.nonfinite;
-            continue;
-          }
-          const float s = div_rn(v, scale);
-          if (clips(f, s) || s < -0.5f) ++local.saturated;
-          q[j] = format::encode_uint4(s);
+          if (clips(f, s) || (f == Format::kInt4Kivi && s < -0.5f)) ++local.saturated;
+          q[j] = f == Format::kInt4 ? format::encode_symmetric_int(s, format::kInt4Max) : format::encode_uint4(s);
         }
         codes[i / 2] = format::pack_int4(q[0], q[1]);
       }

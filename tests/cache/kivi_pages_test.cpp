@@ -144,8 +144,9 @@ TEST_P(KiviPages, FinalPagesMatchReferenceChunkedOrNot) {
       ASSERT_EQ(0, std::memcmp(ka.data(), kb.data(), row * sizeof(float))) << "pos " << pos;
       ASSERT_EQ(0, std::memcmp(va.data(), vb.data(), row * sizeof(float))) << "pos " << pos;
       const int u = pos - cap;
-      if (u >= 0 && !kivi_page_final(u / bs, bs, main_written, R))  // still in the window: its bf16 twin
+      if (u >= 0 && !kivi_page_final(u / bs, bs, main_written, R)) {  // still in the window: its bf16 twin
         for (size_t e = 0; e < row; ++e) ASSERT_EQ(ka[e], stored_input(s.k[static_cast<size_t>(pos) * row + e]));
+      }
     }
   }
   EXPECT_GT(checked_pages, 20);
@@ -169,7 +170,8 @@ TEST(KiviPagesRules, WritesBehindTheWindowAreRefused) {
   ASSERT_TRUE(c.extend(s, 16).is_ok());
   const std::vector<float> k = random_rows(rng, 16, kHeads, kDim), v = random_rows(rng, 16, kHeads, kDim);
   ASSERT_TRUE(c.write(s, 0, 0, k.data(), v.data(), 16).is_ok());  // layer 1 left behind
-  ASSERT_TRUE(c.extend(s, 32).is_ok());                            // releases page 0's twin
+  ASSERT_TRUE(c.extend(s, 32).is_ok());
+  ASSERT_TRUE(c.extend(s, 1).is_ok());  // the next query (position 48) reads [33, 48] in bf16: page 0 leaves
   EXPECT_LT(c.recent_table(s)[0], 0);
   ASSERT_TRUE(page_matches_reference(c, s, 0, 0, k, v)) << "layer 0's page was quantized before its twin left";
   const Status w = c.write(s, 1, 0, k.data(), v.data(), 16);
