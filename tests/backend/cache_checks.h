@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -88,9 +87,8 @@ inline std::vector<CacheCase> write_cases() {
   }
   // int4_kivi (its window holds at least a page; fp16 parameters): every head_dim and block, with
   // and without a sink, windows of one page, mid-page and several pages (4 cases).
-  for (const int* s : {std::array<int, 4>{64, 16, 32, 20}.data(), std::array<int, 4>{8, 32, 0, 64}.data(),
-                       std::array<int, 4>{128, 16, 0, 16}.data(), std::array<int, 4>{64, 32, 32, 40}.data()})
-    v.push_back(kivi_case(s[0], 1, s[1], s[2], s[3]));
+  const int kivi_shapes[4][4] = {{64, 16, 32, 20}, {8, 32, 0, 64}, {128, 16, 0, 16}, {64, 32, 32, 40}};
+  for (const auto& s : kivi_shapes) v.push_back(kivi_case(s[0], 1, s[1], s[2], s[3]));
   // fp16 scale planes (DESIGN §3): every quantized pair at every head_dim, both blocks, a sink.
   for (auto [f, g] : format_pairs()) {
     if (!is_quantized(f)) continue;
@@ -222,10 +220,11 @@ inline void fill_canaries(Backend& be, CacheStorage& st, cache::PagedKvCache& re
       std::memcpy(h, c.data(), bytes);
       KVQ_ASSERT_OK(be.upload(d, c.data(), bytes));
     };
-    fill(dst.k_codes, host.k_codes, g.code_plane_bytes(), false);
-    fill(dst.v_codes, host.v_codes, g.code_plane_bytes(), false);
-    fill(dst.k_scales, host.k_scales, g.scale_plane_bytes(), true);
-    fill(dst.v_scales, host.v_scales, g.scale_plane_bytes(), true);
+    // Each plane by its own geometry: int4_kivi's K and V parameter planes differ in size.
+    fill(dst.k_codes, host.k_codes, g.plane(0).code_plane_bytes(), false);
+    fill(dst.v_codes, host.v_codes, g.plane(1).code_plane_bytes(), false);
+    fill(dst.k_scales, host.k_scales, g.plane(0).scale_plane_bytes(), true);
+    fill(dst.v_scales, host.v_scales, g.plane(1).scale_plane_bytes(), true);
     fill(dst.k_sink, host.k_sink, g.sink_plane_bytes(), false);
     fill(dst.v_sink, host.v_sink, g.sink_plane_bytes(), false);
     fill(dst.k_recent, host.k_recent, g.recent_plane_bytes(), false);
@@ -496,10 +495,10 @@ class AttnFixture {
     auto up = [&](void* dst, const void* src, size_t bytes) {
       if (bytes > 0 && dst != src) KVQ_ASSERT_OK(be.upload(dst, src, bytes));
     };
-    ASSERT_NO_FATAL_FAILURE(up(lv.k_codes, p.k_codes.data(), g.code_plane_bytes()));
-    ASSERT_NO_FATAL_FAILURE(up(lv.v_codes, p.v_codes.data(), g.code_plane_bytes()));
-    ASSERT_NO_FATAL_FAILURE(up(lv.k_scales, p.k_scales.data(), g.scale_plane_bytes()));
-    ASSERT_NO_FATAL_FAILURE(up(lv.v_scales, p.v_scales.data(), g.scale_plane_bytes()));
+    ASSERT_NO_FATAL_FAILURE(up(lv.k_codes, p.k_codes.data(), g.plane(0).code_plane_bytes()));
+    ASSERT_NO_FATAL_FAILURE(up(lv.v_codes, p.v_codes.data(), g.plane(1).code_plane_bytes()));
+    ASSERT_NO_FATAL_FAILURE(up(lv.k_scales, p.k_scales.data(), g.plane(0).scale_plane_bytes()));
+    ASSERT_NO_FATAL_FAILURE(up(lv.v_scales, p.v_scales.data(), g.plane(1).scale_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.k_sink, p.k_sink.data(), g.sink_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.v_sink, p.v_sink.data(), g.sink_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.k_recent, p.k_recent.data(), g.recent_plane_bytes()));

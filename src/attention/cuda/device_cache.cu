@@ -210,7 +210,8 @@ Status fill_random(DeviceLayer& layer, uint64_t seed, CUstream_st* stream) {
     fill_scales_kernel<<<256, 256, 0, stream>>>(v.k_scales, g.scale_dtype, layer.k_block_amax(), n, n_amax, seed * 8 + 5,
                                                 format_qmax(g.format));
     KVQ_RETURN_IF_ERROR(detail::launch_status("fill_scales"));
-    fill_scales_kernel<<<256, 256, 0, stream>>>(v.v_scales, g.scale_dtype, layer.v_block_amax(), n, n_amax, seed * 8 + 6,
+    const size_t n_v = layer.plane_bytes(Plane::kVScales) / g.scale_bytes();  // int4_kivi: V's plane is its own size
+    fill_scales_kernel<<<256, 256, 0, stream>>>(v.v_scales, g.scale_dtype, layer.v_block_amax(), n_v, n_amax, seed * 8 + 6,
                                                 format_qmax(g.format));
     KVQ_RETURN_IF_ERROR(detail::launch_status("fill_scales"));
   }

@@ -27,7 +27,7 @@ struct KiviPagesParams {
 // grid (n, num_kv_heads, 2), any block size.
 __global__ void kivi_pages_kernel(const KiviPagesParams p) {
   __shared__ float x[kKiviMaxBlock * kKiviMaxHeadDim];
-  __shared__ quant::KiviParams prm[kKiviMaxHeadDim];
+  __shared__ float scale[kKiviMaxHeadDim], zero[kKiviMaxHeadDim];  // plain floats: no constructors in shared
   const int i = blockIdx.x, h = blockIdx.y, kv = blockIdx.z;
   const cache::CacheGeometry g = p.geom.plane(kv);
   const int bs = g.block_size, d = g.head_dim, page = p.page[i];
@@ -39,17 +39,18 @@ __global__ void kivi_pages_kernel(const KiviPagesParams p) {
   for (int grp = threadIdx.x; grp < groups; grp += blockDim.x) {
     quant::KiviRange r;
     for (int j = 0; j < members; ++j) r.add(kv == 0 ? x[j * d + grp] : x[grp * d + j]);
-    prm[grp] = quant::kivi_params(r);
-    cache::store_scale(params, g.kivi_param_index(page, h, grp, false), prm[grp].scale, g.scale_dtype);
-    cache::store_scale(params, g.kivi_param_index(page, h, grp, true), prm[grp].zero, g.scale_dtype);
+    const quant::KiviParams q = quant::kivi_params(r);
+    scale[grp] = q.scale, zero[grp] = q.zero;
+    cache::store_scale(params, g.kivi_param_index(page, h, grp, false), q.scale, g.scale_dtype);
+    cache::store_scale(params, g.kivi_param_index(page, h, grp, true), q.zero, g.scale_dtype);
   }
   __syncthreads();
   uint8_t* codes = kv == 0 ? p.layer.k_codes : p.layer.v_codes;
   const int half = d / 2;
   for (int e = threadIdx.x; e < bs * half; e += blockDim.x) {
     const int t = e / half, c = 2 * (e - t * half);
-    const quant::KiviParams& lo = prm[kv == 0 ? c : t];
-    const quant::KiviParams& hi = prm[kv == 0 ? c + 1 : t];
+    const int glo = kv == 0 ? c : t, ghi = kv == 0 ? c + 1 : t;
+    const quant::KiviParams lo{scale[glo], zero[glo]}, hi{scale[ghi], zero[ghi]};
     codes[g.code_offset(page, h, t) + c / 2] = quant::kivi_code_pair(x[t * d + c], x[t * d + c + 1], lo, hi);
   }
 }
