@@ -619,7 +619,11 @@ TEST_P(EngineTest, RecentWindowChunkingMatchesTokenByToken) {
   };
   // per_token_head only: per_block_head growth and the per_tensor first write make the codes
   // themselves depend on the chunking (ChunkedPromptMatchesOneCall), with or without a window.
-  const QuantSpec specs[] = {spec_of(Format::kFp8E4m3, 16), spec_of(Format::kInt8, 0)};
+  // int4_kivi (fp16 parameters, as parse_quant_spec sets them): its pages are quantized from the
+  // twins as they leave the window, so its codes do not depend on the chunking either.
+  QuantSpec kivi = spec_of(Format::kInt4Kivi, 16);
+  kivi.scale_dtype = ScaleDtype::kFp16;
+  const QuantSpec specs[] = {spec_of(Format::kFp8E4m3, 16), spec_of(Format::kInt8, 0), kivi};
   for (const QuantSpec& spec : specs) {
     SCOPED_TRACE(spec.to_string());
     std::vector<float> by_token, chunked, off;

@@ -282,7 +282,6 @@ const std::vector<Refusal>& refusals() {
   static const std::vector<Refusal> r = {
       {{{"--kv-cache-dtype", "fp9"}}, "--kv-cache-dtype"},
       {{{"--kv-cache-dtype", "fp8_e5m2"}}, "--kv-cache-dtype"},
-      {{{"--kv-cache-dtype", "int4_kivi"}, {"--kv-recent-tokens", "8"}}, "--kv-recent-tokens"},
       {{{"--kv-cache-dtype", ""}}, "--kv-cache-dtype"},
       {{{"--kv-scale-granularity", "per_galaxy"}}, "--kv-scale-granularity"},
       {{{"--kv-scale-dtype", "bf16"}}, "--kv-scale-dtype"},
