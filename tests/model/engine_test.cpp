@@ -636,6 +636,7 @@ TEST_P(EngineTest, RecentWindowChunkingMatchesTokenByToken) {
                   chunk, agree.describe().c_str());
       EXPECT_TRUE(agree.within(budget())) << "chunk " << chunk;
     }
+    if (spec.format == Format::kInt4Kivi) continue;  // its window cannot be off
     ASSERT_NO_FATAL_FAILURE(run(spec, 0, 64, off));
     Agreement moved;
     moved.add(off.data(), by_token.data(), size_t(n), V);
