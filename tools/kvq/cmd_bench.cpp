@@ -40,12 +40,25 @@ struct BenchCliOptions {
   std::string input = "bf16";  // bf16 | fp32 | both
 };
 
-[[maybe_unused]] std::vector<std::string> split(const std::string& s, char sep) {
+std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, sep))
     if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// --block-sizes "16,32": checked before any device work, like the other cache options.
+Result<std::vector<int>> parse_block_sizes(const std::string& list) {
+  std::vector<int> out;
+  for (const std::string& b : split(list, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(b.c_str(), &end, 10);
+    if (*end != '\0' || (v != 16 && v != 32))
+      return invalid_argument("--block-sizes '" + list + "': each entry must be 16 or 32 (got '" + b + "')");
+    out.push_back(static_cast<int>(v));
+  }
   return out;
 }
 
@@ -108,7 +121,7 @@ int write_json(const std::string& path, const nlohmann::json& j) {
   return 0;
 }
 
-int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
+int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector<int>& block_sizes, bool decode) {
   if (!o.json_path.empty()) {
     if (Status st = check_writable(o.json_path, "--json output"); !st.is_ok()) return fail("--json", st);
   }
@@ -155,15 +168,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
     d.formats = grid.formats;
     d.granularity = grid.granularities.front();
     d.block_size = grid.block_size;
-    for (const std::string& b : split(o.block_sizes, ',')) {
-      char* end = nullptr;
-      const long v = std::strtol(b.c_str(), &end, 10);
-      if (*end != '\0' || (v != 16 && v != 32)) {
-        std::fprintf(stderr, "kvq bench: --block-sizes '%s': each entry must be 16 or 32\n", o.block_sizes.c_str());
-        return 2;
-      }
-      d.block_sizes.push_back(static_cast<int>(v));
-    }
+    d.block_sizes = block_sizes;
     d.sink_tokens = grid.sink_tokens;
     d.force_splits = o.splits;
     // Measurement knob for the ring-depth sweep of docs/GPU_NOTES.md §9 (not a user setting).
@@ -247,6 +252,11 @@ int dispatch(const BenchCliOptions& o, bool decode) {
     std::fprintf(stderr, "%s: %s\n", name, grid.status().message().c_str());
     return 2;
   }
+  auto block_sizes = parse_block_sizes(o.block_sizes);
+  if (!block_sizes.is_ok()) {
+    std::fprintf(stderr, "%s: %s\n", name, block_sizes.status().message().c_str());
+    return 2;
+  }
   if (cache.backend == "cpu") {
     std::fprintf(stderr,
                  "%s: --backend cpu is not benchmarked here; CPU kernels are timed by the kvq_bench_cpu "
@@ -255,9 +265,10 @@ int dispatch(const BenchCliOptions& o, bool decode) {
     return 2;
   }
 #ifdef KVQ_HAVE_CUDA
-  return run_bench(o, grid.value(), decode);
+  return run_bench(o, grid.value(), block_sizes.value(), decode);
 #else
   (void)decode;
+  (void)block_sizes;
   std::fprintf(stderr,
                "kvq bench: this kvq was built without CUDA, so --backend cuda is unavailable. Rebuild with "
                "-DKVQ_CUDA=ON on a machine with nvcc (and run it on an NVIDIA GPU).\n");
