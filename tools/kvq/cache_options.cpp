@@ -37,7 +37,7 @@ CacheFlagSet make_bench_decode() {
   CacheFlagSet s;
   s.command = "bench decode";
   s.lists = true;
-  s.defaults.kv_cache_dtype = "bf16,fp8_e4m3,fp8_fnuz,int8";
+  s.defaults.kv_cache_dtype = "bf16,fp8_e4m3,fp8_fnuz,int8,int4";
   s.rotate = false;  // times the attention kernels alone; a rotation would not change them
   s.recent = false;
   s.kv_config = false;

@@ -42,7 +42,7 @@ struct CopyBandwidth {
 
 struct DecodeBenchOptions {
   std::vector<DecodeShape> shapes = default_decode_shapes();
-  std::vector<Format> formats = {Format::kBf16, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8};
+  std::vector<Format> formats = {Format::kBf16, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kInt4};
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   int block_size = 16;
   // Several block sizes in one run (each shape and format at each; bf16 ratios within the same
