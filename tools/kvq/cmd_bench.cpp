@@ -173,8 +173,6 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     d.force_splits = o.splits;
     // Measurement knob for the ring-depth sweep of docs/GPU_NOTES.md §9 (not a user setting).
     if (const char* env = std::getenv("KVQ_DECODE_RING_STAGES")) d.ring_stages = std::atoi(env);
-    // Measurement knob for §11 (scales by bulk copies, as before, against 16-byte lane copies).
-    if (const char* env = std::getenv("KVQ_DECODE_BULK_SCALES")) d.bulk_scale_copies = std::atoi(env) != 0;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);
     if (!rows.is_ok()) return fail("decode", rows.status());

@@ -401,7 +401,6 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   DecodeOptions dopts;
   dopts.force_splits = o.force_splits;
   dopts.ring_stages = o.ring_stages;
-  dopts.bulk_scale_copies = o.bulk_scale_copies;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;

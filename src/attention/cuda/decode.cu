@@ -131,7 +131,6 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       return unsupported("cuda decode: a page tile of " + str(stage) + " bytes does not fit the ring in shared memory");
     p.ring_stages = stages;
     p.smem_bytes = ring_bytes(stages);
-    p.bulk_scale_copies = opts.bulk_scale_copies;
   }
   int occ = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.fn, p.threads, p.smem_bytes) != cudaSuccess ||
@@ -201,7 +200,6 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   k.fnuz_factor = g.format == Format::kFp8E4m3Fnuz ? 0.5f : 1.f;
   k.ring_stages = p.ring_stages;
   k.stage_bytes = kern.bulk ? detail::bulk_stage_bytes(g) : 0;
-  k.bulk_scales = p.bulk_scale_copies ? 1 : 0;
   if (p.num_splits > 1) {
     const size_t rows = static_cast<size_t>(a.tables.num_seqs) * a.num_q_heads * p.num_splits;
     k.part_out = static_cast<float*>(workspace);

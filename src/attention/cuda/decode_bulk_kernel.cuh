@@ -91,10 +91,7 @@ __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in
   }
 }
 
-// The producer warp: page ids 32 at a time (one per lane). Lane 0 issues the two tile copies; the
-// scales (16..128 bytes per plane) go by 16-byte lane copies from lanes 1.. that arrive on the same
-// full barrier: the bulk engine's cost is per copy, and four bulk copies per 16-token page held the
-// 8-bit kernel at block 16 to ~0.8x of its block-32 throughput (docs/GPU_NOTES.md §9, §11).
+// The producer warp: page ids 32 at a time (one per lane), lane 0 issues the copies.
 template <Format F, int D, ScaleMode SM>
 __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full, uint64_t* empty, int* page_ids,
                         uint8_t* ring, int lane) {
@@ -111,36 +108,21 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full,
     for (int j = 0; j < n; ++j) {
       const int i = base + j, s = i % S, use = i / S;
       const int page = __shfl_sync(0xffffffffu, mine, j);
-      if (lane == 0 && use > 0) mbar_wait(&empty[s], (use - 1) & 1);
-      __syncwarp();  // the stage is free for every lane's copies
-      uint8_t* st = ring + static_cast<size_t>(s) * p.stage_bytes;
-      size_t scale_off = 0;
-      if constexpr (SM == ScaleMode::kToken) {
-        size_t si = p.geom.scale_index(page, w.kv_head, 0);
-        // per_block_head: the 16-byte chunk holding the page head's scale (4 fp32 or 8 fp16).
-        if (p.geom.granularity != ScaleGranularity::kPerTokenHead) si &= ~(16 / p.geom.scale_bytes() - 1);
-        scale_off = si * p.geom.scale_bytes();
-        const int chunks = static_cast<int>(sbytes / 16);  // per plane; 2 * chunks <= 16 lanes
-        if (!p.bulk_scales && lane >= 1 && lane <= 2 * chunks) {
-          const int c = lane - 1, kv = c / chunks, part = c % chunks;
-          const uint8_t* src = static_cast<const uint8_t*>(kv == 0 ? p.k_scales : p.v_scales) + scale_off + 16 * part;
-          cp_async16(st + 2 * tile + kv * sbytes + 16 * part, src);
-          cp_async_mbar_arrive(&full[s]);
-        }
-        __syncwarp();  // the lane copies' pending arrivals are registered before lane 0 arrives
-      }
       if (lane == 0) {
+        if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
+        uint8_t* st = ring + static_cast<size_t>(s) * p.stage_bytes;
         page_ids[s] = page;
-        const uint32_t bulk_bytes = p.bulk_scales ? 2 * tile + 2 * sbytes : 2 * tile;
-        mbar_arrive_expect_tx(&full[s], bulk_bytes);
+        mbar_arrive_expect_tx(&full[s], 2 * tile + 2 * sbytes);
         const size_t e = p.geom.elem_index(page, w.kv_head, 0) / D * kRow;  // code_offset, D and bits known here
         bulk_copy_g2s(st, p.k_codes + e, tile, &full[s]);
         bulk_copy_g2s(st + tile, p.v_codes + e, tile, &full[s]);
         if constexpr (SM == ScaleMode::kToken) {
-          if (p.bulk_scales) {
-            bulk_copy_g2s(st + 2 * tile, static_cast<const uint8_t*>(p.k_scales) + scale_off, sbytes, &full[s]);
-            bulk_copy_g2s(st + 2 * tile + sbytes, static_cast<const uint8_t*>(p.v_scales) + scale_off, sbytes, &full[s]);
-          }
+          size_t si = p.geom.scale_index(page, w.kv_head, 0);
+          // per_block_head: the 16-byte chunk holding the page head's scale (4 fp32 or 8 fp16).
+          if (p.geom.granularity != ScaleGranularity::kPerTokenHead) si &= ~(16 / p.geom.scale_bytes() - 1);
+          const size_t off = si * p.geom.scale_bytes();
+          bulk_copy_g2s(st + 2 * tile, static_cast<const uint8_t*>(p.k_scales) + off, sbytes, &full[s]);
+          bulk_copy_g2s(st + 2 * tile + sbytes, static_cast<const uint8_t*>(p.v_scales) + off, sbytes, &full[s]);
         }
       }
     }

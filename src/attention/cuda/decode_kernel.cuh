@@ -57,7 +57,6 @@ struct DecodeParams {
   float fnuz_factor;  // 0.5 for FNUZ read as OCP, else 1
   int ring_stages;    // bulk kernel: pages in flight per CTA (a multiple of kDecodeWarps, <= kMaxStages)
   int stage_bytes;    // bulk kernel: bytes of one ring stage (bulk_stage_bytes)
-  int bulk_scales;    // bulk kernel: 1 = scales by cp.async.bulk like the tiles, 0 = 16-byte lane copies
 };
 
 // ---- per-format fragment builders ------------------------------------------------------------------

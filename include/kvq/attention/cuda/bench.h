@@ -51,7 +51,6 @@ struct DecodeBenchOptions {
   int sink_tokens = 256;  // quantized formats only; the bf16 baseline has no sink
   int force_splits = 0;
   int ring_stages = 0;    // 8- and 4-bit caches: DecodeOptions::ring_stages (0: the planner's choice)
-  bool bulk_scale_copies = false;  // 8- and 4-bit caches: DecodeOptions::bulk_scale_copies (A/B measurement)
   uint64_t seed = 1;
   BenchTiming timing;
 };

@@ -49,13 +49,11 @@ struct DecodePlan {
   int threads = 0;          // per CTA
   int ring_stages = 0;      // 8- and 4-bit caches: pages in flight per CTA in the shared-memory ring
   int smem_bytes = 0;       // dynamic shared memory per CTA (the ring and its barriers)
-  bool bulk_scale_copies = false;  // DecodeOptions::bulk_scale_copies
 };
 
 struct DecodeOptions {
   int force_splits = 0;  // > 0: use exactly this many splits (tests, tuning); 0: choose
   int ring_stages = 0;   // 8- and 4-bit caches, > 0: ring depth in pages (rounded to a multiple of 4, 4..16); 0: choose
-  bool bulk_scale_copies = false;  // measurement only: scales by cp.async.bulk (the 2026-12-01 design)
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
