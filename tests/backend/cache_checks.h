@@ -85,10 +85,6 @@ inline std::vector<CacheCase> write_cases() {
     c.head_dim = 8, c.block = 32, c.sink = 0, c.recent = 64;
     v.push_back(c);
   }
-  // int4_kivi (its window holds at least a page; fp16 parameters): every head_dim and block, with
-  // and without a sink, windows of one page, mid-page and several pages (4 cases).
-  const int kivi_shapes[4][4] = {{64, 16, 32, 20}, {8, 32, 0, 64}, {128, 16, 0, 16}, {64, 32, 32, 40}};
-  for (const auto& s : kivi_shapes) v.push_back(kivi_case(s[0], 1, s[1], s[2], s[3]));
   // fp16 scale planes (DESIGN §3): every quantized pair at every head_dim, both blocks, a sink.
   for (auto [f, g] : format_pairs()) {
     if (!is_quantized(f)) continue;
@@ -133,12 +129,6 @@ inline std::vector<CacheCase> attention_cases() {
     c.head_dim = s[0], c.group = s[1], c.block = s[2], c.sink = s[3], c.recent = recents[i % 3];
     v.push_back(c);
   }
-  // int4_kivi on 4 shapes that cover every head_dim, ratio, block and sink, windows >= a page.
-  const int kivi_recents[4] = {16, 40, 21, 64};
-  for (int j = 0; j < 4; ++j) {
-    const int* s = shapes[(3 * j + 1) % 12];
-    v.push_back(kivi_case(s[0], s[1], s[2], s[3], std::max(kivi_recents[j], s[2])));
-  }
   // fp16 scale planes: each quantized pair on 4 shapes, rotated the other way round (18 shapes
   // apart from its fp32 ones), so every granularity meets every head_dim and ratio.
   for (size_t i = 2; i < pairs.size(); ++i)
@@ -150,6 +140,23 @@ inline std::vector<CacheCase> attention_cases() {
       c.scale_dtype = ScaleDtype::kFp16;
       v.push_back(c);
     }
+  return v;
+}
+
+// int4_kivi (its window holds at least a page; fp16 parameters), kept apart so the other cases
+// keep their seeds. Writes: every head_dim and block, with and without a sink, windows of one
+// page, mid-page and several pages. Attention: 4 shapes covering every head_dim, GQA ratio,
+// block and sink.
+inline std::vector<CacheCase> kivi_write_cases() {
+  const int shapes[4][4] = {{64, 16, 32, 20}, {8, 32, 0, 64}, {128, 16, 0, 16}, {64, 32, 32, 40}};
+  std::vector<CacheCase> v;
+  for (const auto& s : shapes) v.push_back(kivi_case(s[0], 1, s[1], s[2], s[3]));
+  return v;
+}
+inline std::vector<CacheCase> kivi_attention_cases() {
+  const int shapes[4][5] = {{128, 4, 32, 20, 40}, {8, 4, 32, 0, 64}, {256, 4, 32, 20, 32}, {64, 8, 16, 20, 21}};
+  std::vector<CacheCase> v;
+  for (const auto& s : shapes) v.push_back(kivi_case(s[0], s[1], s[2], s[3], s[4]));
   return v;
 }
 
