@@ -432,7 +432,9 @@ class CudaBackend final : public Backend {
       const int cap = a.book->sink_capacity(s.seq), before = s.pos0 - cap, after = s.pos0 + s.n - cap;
       const auto& blocks = a.book->block_table(s.seq);
       const auto& twins = a.book->recent_table(s.seq);
-      for (int b = 0; b < static_cast<int>(blocks.size()) && cache::kivi_page_final(b, bs, after, R); ++b) {
+      // Pages before first were final before this write and end before it (R >= block): skipped.
+      const int first = std::max(0, (before - R) / bs);
+      for (int b = first; b < static_cast<int>(blocks.size()) && cache::kivi_page_final(b, bs, after, R); ++b) {
         if (cache::kivi_page_final(b, bs, before, R) && (b + 1) * bs <= before) continue;  // final already
         if (static_cast<size_t>(b) >= twins.size() || twins[static_cast<size_t>(b)] < 0)
           return invalid_argument("cuda cache write: int4_kivi page " + str(b) + " of sequence " + str(s.seq) +
