@@ -27,16 +27,18 @@ struct CacheCase {
   int head_dim = 64, kv_heads = 2, group = 1, block = 16, sink = 0;
   int recent = 0;  // bf16 recent window (QuantSpec::recent_tokens)
   ScaleDtype scale_dtype = ScaleDtype::kFp32;
+  bool outliers = false;  // int4_outlier (int4 per_token_head only)
 
   QuantSpec spec() const {
     QuantSpec s;
     s.format = format, s.granularity = granularity, s.block_size = block, s.sink_tokens = sink;
     s.recent_tokens = recent;
     s.scale_dtype = scale_dtype;
+    s.outliers = outliers;
     return s;
   }
   std::string name() const {
-    std::string n = format_name(format);
+    std::string n = std::string(format_name(format)) + (outliers ? "_outlier" : "");
     if (is_quantized(format)) n += std::string("_") + granularity_name(granularity);
     if (is_quantized(format) && scale_dtype == ScaleDtype::kFp16) n += "_fp16scales";
     return n + "_d" + std::to_string(head_dim) + "_g" + std::to_string(group) + "_b" + std::to_string(block) + "_s" +
@@ -88,6 +90,15 @@ inline std::vector<CacheCase> write_cases() {
         v.push_back(c);
       }
   }
+  // int4_outlier: per-channel K, sparse entries (a generic and a fast shape, with and without a
+  // sink, one with a recent window).
+  const int outlier_shapes[2][4] = {{64, 16, 32, 0}, {8, 32, 0, 20}};  // head_dim, block, sink, recent
+  for (const auto& s : outlier_shapes) {
+    CacheCase c;
+    c.format = Format::kInt4, c.outliers = true;
+    c.head_dim = s[0], c.block = s[1], c.sink = s[2], c.recent = s[3];
+    v.push_back(c);
+  }
   return v;
 }
 
@@ -132,6 +143,14 @@ inline std::vector<CacheCase> attention_cases() {
       c.scale_dtype = ScaleDtype::kFp16;
       v.push_back(c);
     }
+  // int4_outlier on four shapes (every head_dim, ratio, block and sink), one with a recent window.
+  for (int j = 0; j < 4; ++j) {
+    const int* s = shapes[(3 * j + 1) % 12];
+    CacheCase c;
+    c.format = Format::kInt4, c.outliers = true;
+    c.head_dim = s[0], c.group = s[1], c.block = s[2], c.sink = s[3], c.recent = j == 3 ? 21 : 0;
+    v.push_back(c);
+  }
   return v;
 }
 
@@ -204,7 +223,9 @@ inline void fill_canaries(Backend& be, CacheStorage& st, cache::PagedKvCache& re
     };
     fill(dst.k_codes, host.k_codes, g.code_plane_bytes(), false);
     fill(dst.v_codes, host.v_codes, g.code_plane_bytes(), false);
-    fill(dst.k_scales, host.k_scales, g.scale_plane_bytes(), true);
+    // int4_outlier's K has channel scales in its side plane and no scale plane. Side planes get no
+    // canaries: their first word is an entry count that the writer trusts.
+    fill(dst.k_scales, host.k_scales, g.plane(0).scale_plane_bytes(), true);
     fill(dst.v_scales, host.v_scales, g.scale_plane_bytes(), true);
     fill(dst.k_sink, host.k_sink, g.sink_plane_bytes(), false);
     fill(dst.v_sink, host.v_sink, g.sink_plane_bytes(), false);
