@@ -1,7 +1,7 @@
 #pragma once
-// Outlier-aware int4 (`--kv-cache-dtype int4_outlier`, KVQuant-style dense + sparse): int4 codes
-// per (token, head) as `int4`, plus a fixed-capacity side plane per (page, kv head) of sparse fp16
-// entries for the values that would coarsen their row's grid.
+// Outlier-aware int4 (`--kv-cache-dtype int4_outlier`, KVQuant-style dense + sparse): int4 codes,
+// K scaled per channel and V per (token, head), plus a fixed-capacity side plane per (page, kv head)
+// of sparse fp16 entries for the values the grid would serve badly.
 //
 // V thresholds (ChannelStats): per channel c (kv head x head dim) of one layer's V, the running
 // RMS r_c over every finite value of the rows written to that layer's quantized pages so far,
@@ -13,7 +13,7 @@
 // spikes, the head term the channels that are large in every token (no outliers of their own
 // distribution, but what sets a per-token scale).
 //
-// A row (quantize_row_outliers) takes at most `room` candidates, largest |x| first (ties: the
+// A V row (value_row) takes at most `room` candidates, largest |x| first (ties: the
 // lower channel); its scale comes from its other values (amax / 7), so a kept outlier cannot
 // coarsen the grid; it stores code 0 and its value as fp16 (saturated to +-65504).
 // Capacity and overflow: a page head holds kOutlierEntriesPerToken * block_size entries; the row
@@ -26,12 +26,12 @@
 // change its codes.)
 //
 // K is quantized per channel (KVQuant's per-channel keys), V per token as above:
-// - Statistics (KeyChannelStats' sum of squares and count per channel c of the layer's K, every
+// - Statistics (sum of squares and count per channel c of the layer's K, every
 //   finite value of every row written to the layer, sink rows included, one row at a time in
 //   write order) give the running RMS r_c.
 // - A page head's channel scales are fixed when its slot 0 is written (the page is opened), from
-//   the statistics of the rows written before that row: s_c = fp16-rounded-up(kKeyChannelRmsMultiple
-//   * r_c) / 7 (key_channel_scale), stored as fp16 per (page, head, channel). When the layer has
+//   the statistics of the rows written before that row: s_c = kKeyChannelRmsMultiple * r_c / 7
+//   rounded up to fp16 (key_channel_scale), stored as fp16 per (page, head, channel). When the layer has
 //   no row yet (no sink, first page) the opening row is counted first, so the page bootstraps
 //   from its own first token. Because a page's scales depend only on rows before it, chunked
 //   prefill and token-by-token decode give the same pages (for one sequence; the statistics are
