@@ -446,6 +446,10 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
     ASSERT_EQ(got.k_recent.size(), want.k_recent.size());
     EXPECT_TRUE(same_bytes("K recent", got.k_recent.data(), want.k_recent.data(), want.k_recent.size() * 2, 16, g));
     EXPECT_TRUE(same_bytes("V recent", got.v_recent.data(), want.v_recent.data(), want.v_recent.size() * 2, 16, g));
+    ASSERT_EQ(got.k_outliers.size(), want.k_outliers.size());
+    ASSERT_EQ(got.v_outliers.size(), want.v_outliers.size());
+    EXPECT_TRUE(same_bytes("K outliers", got.k_outliers.data(), want.k_outliers.data(), want.k_outliers.size() * 4, 32, g));
+    EXPECT_TRUE(same_bytes("V outliers", got.v_outliers.data(), want.v_outliers.data(), want.v_outliers.size() * 4, 32, g));
   }
   if (c.recent > 0) {
     EXPECT_GT(ref.memory_report().recent_pages_used, 0);
@@ -499,12 +503,14 @@ class AttnFixture {
     };
     ASSERT_NO_FATAL_FAILURE(up(lv.k_codes, p.k_codes.data(), g.code_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.v_codes, p.v_codes.data(), g.code_plane_bytes()));
-    ASSERT_NO_FATAL_FAILURE(up(lv.k_scales, p.k_scales.data(), g.scale_plane_bytes()));
+    ASSERT_NO_FATAL_FAILURE(up(lv.k_scales, p.k_scales.data(), g.plane(0).scale_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.v_scales, p.v_scales.data(), g.scale_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.k_sink, p.k_sink.data(), g.sink_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.v_sink, p.v_sink.data(), g.sink_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.k_recent, p.k_recent.data(), g.recent_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.v_recent, p.v_recent.data(), g.recent_plane_bytes()));
+    ASSERT_NO_FATAL_FAILURE(up(lv.k_outliers, p.k_outliers.data(), g.plane(0).outlier_plane_bytes()));
+    ASSERT_NO_FATAL_FAILURE(up(lv.v_outliers, p.v_outliers.data(), g.plane(1).outlier_plane_bytes()));
     tables_ = kv.batch_tables(sc_.seqs);
     lens_ = dev_from(be, tables_.seq_lens);
     sink_lens_ = dev_from(be, tables_.sink_lens);
