@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,10 @@ double now_s() {
 
 struct Row {
   std::string spec;
+  int block_size = 16;
+  bool bf16 = false;
   double prefill_s = 0, step_ms_median = 0, step_ms_min = 0, step_ms_max = 0, tokens_per_s = 0, ratio = 0;
+  double ratio_same_block = 0;  // vs the bf16 row of the same block size, when the run has one
 };
 
 int run(const Opts& o) {
@@ -64,6 +68,7 @@ int run(const Opts& o) {
   eval::SpecListOptions so;
   so.kv_cache_dtypes = o.specs;
   so.sink_tokens = o.sink;
+  so.distinct_block_sizes = true;  // bf16:b32 is its own row here
   auto requests = eval::parse_spec_list(so);
   if (!requests.is_ok()) return std::fprintf(stderr, "--specs: %s\n", requests.status().to_string().c_str()), 2;
   for (const eval::SpecRequest& req : requests.value()) {
@@ -94,6 +99,8 @@ int run(const Opts& o) {
     }
     Row r;
     r.spec = name;
+    r.block_size = spec.block_size;
+    r.bf16 = spec.format == Format::kBf16;
     double t0 = now_s();
     Status st = eng.forward(steps);
     if (st.is_ok()) st = be.value()->synchronize();
@@ -123,12 +130,21 @@ int run(const Opts& o) {
     std::fflush(stdout);
   }
   double base = 0;
-  for (const Row& r : rows)
+  std::map<int, double> base_by_block;
+  for (const Row& r : rows) {
     if (r.spec == "bf16") base = r.step_ms_median;
-  std::printf("\n| spec | step ms (median) | tokens/s | step time vs bf16 |\n|---|---|---|---|\n");
+    if (r.bf16 && !base_by_block.count(r.block_size)) base_by_block[r.block_size] = r.step_ms_median;
+  }
+  std::printf("\n| spec | block | step ms (median) | tokens/s | step time vs bf16 | vs bf16, same block |\n"
+              "|---|---|---|---|---|---|\n");
   for (Row& r : rows) {
     r.ratio = base > 0 ? r.step_ms_median / base : 0;
-    std::printf("| %s | %.3f | %.0f | %.3f |\n", r.spec.c_str(), r.step_ms_median, r.tokens_per_s, r.ratio);
+    auto same = base_by_block.find(r.block_size);
+    r.ratio_same_block = same != base_by_block.end() ? r.step_ms_median / same->second : 0;
+    char same_text[32] = "-";
+    if (same != base_by_block.end()) std::snprintf(same_text, sizeof same_text, "%.3f", r.ratio_same_block);
+    std::printf("| %s | %d | %.3f | %.0f | %.3f | %s |\n", r.spec.c_str(), r.block_size, r.step_ms_median,
+                r.tokens_per_s, r.ratio, same_text);
   }
   if (!o.json.empty()) {
     std::ofstream f(o.json);
@@ -139,7 +155,8 @@ int run(const Opts& o) {
       const Row& r = rows[i];
       f << "    {\"spec\": \"" << r.spec << "\", \"prefill_s\": " << r.prefill_s << ", \"step_ms_median\": "
         << r.step_ms_median << ", \"step_ms_min\": " << r.step_ms_min << ", \"step_ms_max\": " << r.step_ms_max
-        << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"step_vs_bf16\": " << r.ratio << "}"
+        << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"step_vs_bf16\": " << r.ratio << ", \"block_size\": " << r.block_size
+        << ", \"step_vs_bf16_same_block\": " << r.ratio_same_block << "}"
         << (i + 1 < rows.size() ? ",\n" : "\n");
     }
     f << "  ]\n}\n";

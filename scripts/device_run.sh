@@ -83,7 +83,7 @@ if [[ $steps == *tests* ]]; then
 fi
 
 if [[ $steps == *sanitize* ]]; then
-  subset='Sweep/CudaDecode.MatchesCpuReference/fp8_e4m3_per_token_head_D64*:Sweep/CudaDecode.MatchesCpuReference/int8_per_block_head_D128*:Sweep/CudaDecode.MatchesCpuReference/bf16_D64_Hkv3*:Sweep/CudaWrite.BitExactWithHostCache/fp8_e4m3_per_block_head_D64*:Sweep/CudaWrite.BitExactWithHostCache/int8_per_tensor_D128_Hkv2*:Sweep/CudaWrite.BitExactWithHostCache/fp8_e4m3_per_token_head_D128*'
+  subset='Sweep/CudaDecode.MatchesCpuReference/fp8_e4m3_per_token_head_D64*:Sweep/CudaDecode.MatchesCpuReference/int8_per_block_head_D128*:Sweep/CudaDecode.MatchesCpuReference/bf16_D64_Hkv3*:Sweep/CudaWrite.BitExactWithHostCache/fp8_e4m3_per_block_head_D64*:Sweep/CudaWrite.BitExactWithHostCache/int8_per_tensor_D128_Hkv2*:Sweep/CudaWrite.BitExactWithHostCache/fp8_e4m3_per_token_head_D128*:Sweep/CudaDecode.MatchesCpuReference/int4_per_block_head_D64_Hkv2*:Sweep/CudaDecode.MatchesCpuReference/int4_per_tensor_D128_Hkv2*:Sweep/CudaDecode.MatchesCpuReference/int4_per_token_head_fp16scales_D64_Hkv4*'
   for tool in memcheck racecheck; do
     timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "${TESTS[0]}" --gtest_filter="$subset" --gtest_brief=1 \
       >>"$OUT/sanitizer.log" 2>&1
@@ -109,6 +109,8 @@ if [[ $steps == *configs* ]]; then
     "$KVQ" bench decode --backend cuda --shapes "$big" --kv-cache-dtype bf16,fp8 --kv-sink-tokens 0 --iters 30
     echo "=== block 32"
     "$KVQ" bench decode --backend cuda --shapes "$big" --kv-cache-dtype bf16,fp8 --block-size 32 --iters 30
+    echo "=== int4 against fp8, block 16 and 32 (docs/GPU_NOTES.md §11)"
+    "$KVQ" bench decode --backend cuda --kv-cache-dtype bf16,fp8,int4 --block-sizes 16,32 --iters 30
   } >>"$OUT/bench.log" 2>&1
   note "configs: rc=$?"
 fi

@@ -76,6 +76,7 @@ Result<std::vector<SpecRequest>> parse_spec_list(const SpecListOptions& o) {
   auto add = [&](SpecRequest r) {
     for (const auto& e : out) {
       if (e.is_auto != r.is_auto) continue;
+      if (o.distinct_block_sizes && e.spec.block_size != r.spec.block_size) continue;
       // An auto request is identified by its candidates (its own spec is only their settings).
       if (r.is_auto ? same_cache(e.auto_chain.front(), r.auto_chain.front()) : same_cache(e.spec, r.spec)) return;
     }

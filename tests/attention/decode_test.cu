@@ -141,17 +141,18 @@ void check_case(const AttnCase& c) {
 // The shared sweep (cases.h), restricted to the head dims the CUDA kernels take, plus shapes
 // that only matter on the GPU: a group of 16 (two CTAs per kv head), a group of 3, long
 // sequences (many tiles per warp, the prefetch and the planner), block 32 with a mid-page sink.
-// Formats these kernels do not take (int4: the backend's generic kernels) stay on the CPU sweep.
+// Formats these kernels do not take (int4_outlier: the backend's generic kernels) stay on the CPU sweep.
 std::vector<AttnCase> gpu_cases() {
   std::vector<AttnCase> out;
   for (const AttnCase& c : testing::sampled_sweep())
     if ((c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256) && format_traits(c.format).device_ready &&
-        format_bits(c.format) >= 8)
+        !c.outliers)
       out.push_back(c);
   uint64_t seed = 5000;
-  auto add = [&](Format f, ScaleGranularity g, int d, int hkv, int group, int bs, int sink, std::vector<int> lens) {
+  auto add = [&](Format f, ScaleGranularity g, int d, int hkv, int group, int bs, int sink, std::vector<int> lens,
+                 ScaleDtype sd = ScaleDtype::kFp32) {
     AttnCase c;
-    c.format = f, c.granularity = g, c.head_dim = d, c.num_kv_heads = hkv, c.group = group;
+    c.format = f, c.granularity = g, c.head_dim = d, c.num_kv_heads = hkv, c.group = group, c.scale_dtype = sd;
     c.block_size = bs, c.sink = sink, c.lens = std::move(lens), c.seed = seed++;
     out.push_back(c);
   };
@@ -167,6 +168,14 @@ std::vector<AttnCase> gpu_cases() {
   add(Format::kFp8E4m3, ScaleGranularity::kPerBlockHead, 128, 3, 3, 16, 0, {2000, 5, 16});
   add(Format::kFp8E4m3Fnuz, ScaleGranularity::kPerTokenHead, 64, 3, 3, 16, 16, {4000, 100, 17});
   add(Format::kInt8, ScaleGranularity::kPerTensor, 64, 1, 9, 32, 48, {1200, 49});
+  // int4 through the same ring (half-size tiles; D64's lane share is 8 bytes, not a 16-byte piece):
+  // every head dim, both scale dtypes, per-block chunk offsets, long sequences over many ring laps.
+  add(Format::kInt4, ScaleGranularity::kPerTokenHead, 128, 2, 4, 16, 20, {3000, 52, 53});
+  add(Format::kInt4, ScaleGranularity::kPerBlockHead, 64, 3, 3, 16, 0, {4000, 100, 17});
+  add(Format::kInt4, ScaleGranularity::kPerTensor, 256, 1, 8, 32, 256, {2600, 256, 257, 1});
+  add(Format::kInt4, ScaleGranularity::kPerTokenHead, 64, 1, 9, 32, 48, {1200, 49}, ScaleDtype::kFp16);
+  add(Format::kInt4, ScaleGranularity::kPerBlockHead, 128, 3, 16, 32, 16, {1500, 21, 64}, ScaleDtype::kFp16);
+  add(Format::kInt4, ScaleGranularity::kPerTokenHead, 256, 2, 5, 16, 0, {1000, 32, 31}, ScaleDtype::kFp16);
   return out;
 }
 
@@ -192,7 +201,13 @@ TEST(CudaDecodeApi, RejectsWhatItCannotRun) {
   EXPECT_EQ(kc::can_implement(a).code(), StatusCode::kUnsupported);
   a.geom.head_dim = 128;
   a.geom.format = Format::kInt4;
+  EXPECT_TRUE(kc::can_implement(a).is_ok());
+  a.geom.outlier_capacity = 8;  // int4_outlier: its sparse plane is read by the generic kernels only
   EXPECT_EQ(kc::can_implement(a).code(), StatusCode::kUnsupported);
+  a.geom.outlier_capacity = 0;
+  a.geom.recent_tokens = 32;  // likewise the bf16 recent window
+  EXPECT_EQ(kc::can_implement(a).code(), StatusCode::kUnsupported);
+  a.geom.recent_tokens = 0;
   a.geom.format = Format::kFp8E4m3;
   a.num_q_heads = 3;
   EXPECT_EQ(kc::can_implement(a).code(), StatusCode::kInvalidArgument);

@@ -363,29 +363,34 @@ class CudaEngineSmolLM2 : public ::testing::Test {
     EXPECT_TRUE(e.is_ok()) << e.status().to_string();
     return e.is_ok() ? std::move(e).value() : nullptr;
   }
-  std::unique_ptr<model::Model> model_;
-  std::unique_ptr<Backend> cpu_, gpu_;
-};
-
-TEST_F(CudaEngineSmolLM2, TeacherForcedLogitsMatchCpu) {
-  const char* text_path = std::getenv("KVQ_EVAL_TEXT");
-  if (text_path == nullptr) GTEST_SKIP() << "set KVQ_EVAL_TEXT to the eval text";
-  std::ifstream f(text_path, std::ios::binary);
-  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  auto ids = model_->tokenizer().encode(text, false);
-  ASSERT_GE(ids.size(), 2048u);
-  ids.resize(2048);
-  const int V = model_->config().vocab_size, n = static_cast<int>(ids.size());
-  auto logits_of = [&](Backend& be, model::WeightsDType w) {
-    std::vector<float> out(size_t(n) * V);
-    auto e = engine(be, w, 1, n);
+  // The first `n` tokens of the eval text named by KVQ_EVAL_TEXT (the device scripts set it); false
+  // when it is not set, so the test can skip.
+  bool eval_tokens(size_t n, std::vector<int32_t>* ids) {
+    const char* text_path = std::getenv("KVQ_EVAL_TEXT");
+    if (text_path == nullptr) return false;
+    std::ifstream f(text_path, std::ios::binary);
+    const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+    *ids = model_->tokenizer().encode(text, false);
+    EXPECT_GE(ids->size(), n) << text_path;
+    ids->resize(n);
+    return true;
+  }
+  // Prefill all of `ids` as one sequence; every position's logits into *logits. Returns the engine
+  // so the caller can read its cache.
+  std::unique_ptr<model::Engine> teacher_forced(Backend& be, model::WeightsDType w, const QuantSpec& spec,
+                                                const std::vector<int32_t>& ids, std::vector<float>* logits) {
+    const int n = static_cast<int>(ids.size());
+    logits->assign(size_t(n) * model_->config().vocab_size, 0.f);
+    auto e = engine(be, w, 1, n, spec);
     EXPECT_TRUE(e != nullptr);
-    if (!e) return out;
+    if (!e) return nullptr;
     const cache::SeqId s = e->add_sequence().value();
-    EXPECT_TRUE(e->forward({{s, ids.data(), n, model::LogitsMode::kAll, out.data()}}).is_ok());
-    return out;
-  };
-  auto nll_ppl = [&](const std::vector<float>& lg) {
+    EXPECT_TRUE(e->forward({{s, ids.data(), n, model::LogitsMode::kAll, logits->data()}}).is_ok());
+    return e;
+  }
+  // Perplexity of ids[1..] under the logits of positions 0..n-2 (float64 log-sum-exp).
+  double perplexity(const std::vector<float>& lg, const std::vector<int32_t>& ids) const {
+    const int V = model_->config().vocab_size, n = static_cast<int>(ids.size());
     double nll = 0;
     for (int t = 0; t + 1 < n; ++t) {
       const float* r = &lg[size_t(t) * V];
@@ -395,7 +400,22 @@ TEST_F(CudaEngineSmolLM2, TeacherForcedLogitsMatchCpu) {
       nll += std::log(z) + mx - r[ids[t + 1]];
     }
     return std::exp(nll / (n - 1));
+  }
+  std::unique_ptr<model::Model> model_;
+  std::unique_ptr<Backend> cpu_, gpu_;
+};
+
+TEST_F(CudaEngineSmolLM2, TeacherForcedLogitsMatchCpu) {
+  std::vector<int32_t> ids;
+  if (!eval_tokens(2048, &ids)) GTEST_SKIP() << "set KVQ_EVAL_TEXT to the eval text";
+  const int V = model_->config().vocab_size, n = static_cast<int>(ids.size());
+  const QuantSpec bf16 = make_spec(Format::kBf16, ScaleGranularity::kPerTokenHead, 0);
+  auto logits_of = [&](Backend& be, model::WeightsDType w) {
+    std::vector<float> out;
+    teacher_forced(be, w, bf16, ids, &out);
+    return out;
   };
+  auto nll_ppl = [&](const std::vector<float>& lg) { return perplexity(lg, ids); };
   const auto ref = logits_of(*cpu_, model::WeightsDType::kF32);
   const double ppl_cpu = nll_ppl(ref);
   for (model::WeightsDType w : {model::WeightsDType::kF32, model::WeightsDType::kBf16}) {
@@ -426,34 +446,12 @@ TEST_F(CudaEngineSmolLM2, TeacherForcedLogitsMatchCpu) {
 // the fraction of identical code bytes per layer (layer 0 sees near-identical inputs, so a low
 // figure there points at the writer, a high one everywhere at the attention read).
 TEST_F(CudaEngineSmolLM2, QuantizedCachePerplexityMatchesCpu) {
-  const char* text_path = std::getenv("KVQ_EVAL_TEXT");
-  if (text_path == nullptr) GTEST_SKIP() << "set KVQ_EVAL_TEXT to the eval text";
-  std::ifstream f(text_path, std::ios::binary);
-  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  auto ids = model_->tokenizer().encode(text, false);
-  ASSERT_GE(ids.size(), 2048u);
-  ids.resize(2048);
-  const int V = model_->config().vocab_size, n = static_cast<int>(ids.size());
+  std::vector<int32_t> ids;
+  if (!eval_tokens(2048, &ids)) GTEST_SKIP() << "set KVQ_EVAL_TEXT to the eval text";
   auto run = [&](Backend& be, const QuantSpec& spec, std::vector<float>* logits) {
-    logits->assign(size_t(n) * V, 0.f);
-    auto e = engine(be, model::WeightsDType::kF32, 1, n, spec);
-    EXPECT_TRUE(e != nullptr);
-    if (!e) return std::unique_ptr<model::Engine>();
-    const cache::SeqId s = e->add_sequence().value();
-    EXPECT_TRUE(e->forward({{s, ids.data(), n, model::LogitsMode::kAll, logits->data()}}).is_ok());
-    return e;
+    return teacher_forced(be, model::WeightsDType::kF32, spec, ids, logits);
   };
-  auto ppl = [&](const std::vector<float>& lg) {
-    double nll = 0;
-    for (int t = 0; t + 1 < n; ++t) {
-      const float* r = &lg[size_t(t) * V];
-      const float mx = *std::max_element(r, r + V);
-      double z = 0;
-      for (int i = 0; i < V; ++i) z += std::exp(double(r[i]) - mx);
-      nll += std::log(z) + mx - r[ids[t + 1]];
-    }
-    return std::exp(nll / (n - 1));
-  };
+  auto ppl = [&](const std::vector<float>& lg) { return perplexity(lg, ids); };
   std::vector<float> lc, lg;
   run(*cpu_, make_spec(Format::kBf16, ScaleGranularity::kPerTokenHead, 0), &lc);
   run(*gpu_, make_spec(Format::kBf16, ScaleGranularity::kPerTokenHead, 0), &lg);
@@ -500,32 +498,14 @@ TEST_F(CudaEngineSmolLM2, QuantizedCachePerplexityMatchesCpu) {
 // size of change as cuBLAS vs OpenBLAS summation order. Even the bf16 cache moves (its own rounding
 // flips); the printed spread is the yardstick for the CPU-vs-CUDA differences of one window.
 TEST_F(CudaEngineSmolLM2, QuantizedCacheSensitivityToRounding) {
-  const char* text_path = std::getenv("KVQ_EVAL_TEXT");
-  if (text_path == nullptr) GTEST_SKIP() << "set KVQ_EVAL_TEXT to the eval text";
-  std::ifstream f(text_path, std::ios::binary);
-  const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-  auto ids = model_->tokenizer().encode(text, false);
-  ASSERT_GE(ids.size(), 2048u);
-  ids.resize(2048);
-  const int V = model_->config().vocab_size, n = static_cast<int>(ids.size());
+  std::vector<int32_t> ids;
+  if (!eval_tokens(2048, &ids)) GTEST_SKIP() << "set KVQ_EVAL_TEXT to the eval text";
   std::vector<float>& emb = model::ModelLoaderAccess::weights(*model_)->tok_embedding;
   const std::vector<float> original = emb;
   auto ppl_of = [&](const QuantSpec& spec) {
-    std::vector<float> lg(size_t(n) * V);
-    auto e = engine(*cpu_, model::WeightsDType::kF32, 1, n, spec);
-    EXPECT_TRUE(e != nullptr);
-    if (!e) return 0.0;
-    const cache::SeqId s = e->add_sequence().value();
-    EXPECT_TRUE(e->forward({{s, ids.data(), n, model::LogitsMode::kAll, lg.data()}}).is_ok());
-    double nll = 0;
-    for (int t = 0; t + 1 < n; ++t) {
-      const float* r = &lg[size_t(t) * V];
-      const float mx = *std::max_element(r, r + V);
-      double z = 0;
-      for (int i = 0; i < V; ++i) z += std::exp(double(r[i]) - mx);
-      nll += std::log(z) + mx - r[ids[t + 1]];
-    }
-    return std::exp(nll / (n - 1));
+    std::vector<float> lg;
+    teacher_forced(*cpu_, model::WeightsDType::kF32, spec, ids, &lg);
+    return perplexity(lg, ids);
   };
   const QuantSpec specs[3] = {make_spec(Format::kBf16, ScaleGranularity::kPerTokenHead, 0),
                               make_spec(Format::kFp8E4m3, ScaleGranularity::kPerTokenHead, 256),

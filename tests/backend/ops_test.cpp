@@ -663,6 +663,18 @@ TEST(BackendOpsCases, EveryAxisValueAppears) {
   for (Op op : {Op::kDecode, Op::kPrefill, Op::kCacheWrite})  // the recent window on every quantized format
     for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8})
       EXPECT_GT(count([&](const OpCase& c) { return c.op == op && c.cache.format == f && c.cache.recent > 0; }), 0);
+  // int4 on the CUDA backend's fast decode (head_dim 64/128/256, block 16/32, no window): every
+  // granularity with fp32 and fp16 scale planes, so the bulk-ring instance meets the reference.
+  for (Op op : {Op::kDecode, Op::kPrefill})
+    for (ScaleGranularity g : {ScaleGranularity::kPerTokenHead, ScaleGranularity::kPerBlockHead,
+                               ScaleGranularity::kPerTensor})
+      for (ScaleDtype sd : {ScaleDtype::kFp32, ScaleDtype::kFp16})
+        EXPECT_GT(count([&](const OpCase& c) {
+                    return c.op == op && c.cache.format == Format::kInt4 && c.cache.granularity == g &&
+                           c.cache.scale_dtype == sd && c.cache.head_dim >= 64 && c.cache.recent == 0;
+                  }),
+                  0)
+            << op_name(op) << " " << granularity_name(g);
   for (Op op : {Op::kDecode, Op::kPrefill})
     for (int d : {8, 64, 128, 256})
       for (int gq : {1, 4, 8})

@@ -196,6 +196,21 @@ TEST(Specs, InlineSinkBlockAndDuplicates) {
   EXPECT_EQ(r.value()[0].spec.block_size, 32);
 }
 
+TEST(Specs, BenchmarksKeepBf16AtEveryBlockSize) {
+  SpecListOptions o;
+  o.kv_cache_dtypes = "bf16,bf16:b32,fp8,fp8:b32,bf16";
+  auto r = parse_spec_list(o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  EXPECT_EQ(r.value().size(), 3u);  // accuracy: one bf16 cache whatever its block size
+  o.distinct_block_sizes = true;
+  r = parse_spec_list(o);
+  ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+  ASSERT_EQ(r.value().size(), 4u);  // speed: bf16 and bf16:b32 are different kernels' inputs
+  EXPECT_EQ(r.value()[1].label, "bf16:b32");
+  EXPECT_EQ(r.value()[1].spec.block_size, 32);
+  EXPECT_EQ(r.value()[3].spec.block_size, 32);
+}
+
 TEST(Specs, RotationGlobalAndPerEntry) {
   SpecListOptions o;
   o.kv_cache_dtypes = "int8,int8:hadamard,fp8:none";

@@ -121,6 +121,13 @@ TEST(KvqBinary, EveryCommandRefusesBlockSize24TheSameWay) {
   }
 }
 
+TEST(KvqBinary, BenchDecodeChecksBlockSizesBeforeTheDevice) {
+  const Ran r = kvq({"bench", "decode", "--kv-cache-dtype", "bf16,int4", "--block-sizes", "16,64"});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("--block-sizes '16,64': each entry must be 16 or 32 (got '64')"), std::string::npos) << r.err;
+  EXPECT_EQ(lines(r.err), 1) << r.err;
+}
+
 TEST(KvqBinary, NegativeSinkIsRefusedWhereverItIsTaken) {
   for (const auto& cmd : commands()) {
     if (cmd.size() > 1 && cmd[1] == "write") continue;  // the write benchmark has no sink

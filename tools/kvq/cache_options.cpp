@@ -37,7 +37,7 @@ CacheFlagSet make_bench_decode() {
   CacheFlagSet s;
   s.command = "bench decode";
   s.lists = true;
-  s.defaults.kv_cache_dtype = "bf16,fp8_e4m3,fp8_fnuz,int8";
+  s.defaults.kv_cache_dtype = "bf16,fp8_e4m3,fp8_fnuz,int8,int4";
   s.rotate = false;  // times the attention kernels alone; a rotation would not change them
   s.recent = false;
   s.kv_config = false;
@@ -103,7 +103,7 @@ void add_cache_options(CLI::App* app, CacheCliOptions& o, CacheCommand cmd) {
   const bool bench = cmd == CacheCommand::kBenchDecode || cmd == CacheCommand::kBenchWrite;
   const std::string lists = list_note(set.lists);
   if (set.dtype) {
-    std::string what = std::string(bench ? "" : "auto|") + "bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8" + lists;
+    std::string what = std::string(bench ? "" : "auto|") + "bf16|fp16|fp8|fp8_e4m3|fp8_fnuz|int8|int4" + lists;
     if (cmd == CacheCommand::kEval)
       what += "; an entry may carry options after colons, e.g. fp8:per_tensor or int8:per_block_head:sink0:b32";
     app->add_option("--kv-cache-dtype", o.kv_cache_dtype, "KV cache storage: " + what)->capture_default_str();
@@ -255,7 +255,7 @@ Result<CacheGrid> to_cache_grid(const CacheCliOptions& o, CacheCommand cmd) {
   for (const eval::SpecRequest& r : reqs.value()) {
     if (r.is_auto)
       return invalid_argument("--kv-cache-dtype auto is for eval and generate; the benchmarks time named dtypes "
-                              "(bf16, fp16, fp8, fp8_fnuz, int8)");
+                              "(bf16, fp16, fp8, fp8_fnuz, int8, int4)");
     if (r.spec.block_size != o.block_size || r.spec.sink_tokens != o.sink_tokens || r.spec.recent_tokens != 0)
       return invalid_argument("--kv-cache-dtype entry '" + r.label +
                               "': per-entry options are for kvq eval; set --block-size and --kv-sink-tokens");

@@ -32,6 +32,7 @@ struct BenchCliOptions {
   // decode
   CacheCliOptions decode_cache;  // add_cache_options sets each subcommand's defaults
   std::string shapes;  // "B,Hq,Hkv,D,L;..." (default: the nine shapes)
+  std::string block_sizes;  // "16,32": every case at each (default: --block-size)
   int splits = 0;
   // write
   CacheCliOptions write_cache;
@@ -39,12 +40,25 @@ struct BenchCliOptions {
   std::string input = "bf16";  // bf16 | fp32 | both
 };
 
-[[maybe_unused]] std::vector<std::string> split(const std::string& s, char sep) {
+std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;
   std::stringstream ss(s);
   std::string item;
   while (std::getline(ss, item, sep))
     if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+// --block-sizes "16,32": checked before any device work, like the other cache options.
+Result<std::vector<int>> parse_block_sizes(const std::string& list) {
+  std::vector<int> out;
+  for (const std::string& b : split(list, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(b.c_str(), &end, 10);
+    if (*end != '\0' || (v != 16 && v != 32))
+      return invalid_argument("--block-sizes '" + list + "': each entry must be 16 or 32 (got '" + b + "')");
+    out.push_back(static_cast<int>(v));
+  }
   return out;
 }
 
@@ -107,7 +121,7 @@ int write_json(const std::string& path, const nlohmann::json& j) {
   return 0;
 }
 
-int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
+int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector<int>& block_sizes, bool decode) {
   if (!o.json_path.empty()) {
     if (Status st = check_writable(o.json_path, "--json output"); !st.is_ok()) return fail("--json", st);
   }
@@ -154,6 +168,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
     d.formats = grid.formats;
     d.granularity = grid.granularities.front();
     d.block_size = grid.block_size;
+    d.block_sizes = block_sizes;
     d.sink_tokens = grid.sink_tokens;
     d.force_splits = o.splits;
     // Measurement knob for the ring-depth sweep of docs/GPU_NOTES.md §9 (not a user setting).
@@ -161,12 +176,12 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);
     if (!rows.is_ok()) return fail("decode", rows.status());
-    std::printf("\n%-30s %-13s %5s %6s %4s %6s %10s %8s %7s %7s %8s\n", "shape", "format", "sink", "splits", "ctas",
-                "stages", "median_us", "TB/s", "%copy", "%read", "t/bf16");
+    std::printf("\n%-30s %-13s %3s %5s %6s %4s %6s %10s %8s %7s %7s %8s\n", "shape", "format", "bs", "sink", "splits",
+                "ctas", "stages", "median_us", "TB/s", "%copy", "%read", "t/bf16");
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : rows.value()) {
-      std::printf("%-30s %-13s %5d %6d %4d %6d %10.2f %8.3f %6.1f%% %6.1f%% %8.3f\n", r.shape.label().c_str(),
-                  format_name(r.format), r.sink_tokens, r.splits, r.ctas_per_sm, r.ring_stages, r.us_median, r.tb_per_s,
+      std::printf("%-30s %-13s %3d %5d %6d %4d %6d %10.2f %8.3f %6.1f%% %6.1f%% %8.3f\n", r.shape.label().c_str(),
+                  format_name(r.format), r.block_size, r.sink_tokens, r.splits, r.ctas_per_sm, r.ring_stages, r.us_median, r.tb_per_s,
                   100 * r.frac_of_copy, 100 * r.frac_of_read, r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0);
       arr.push_back({{"batch", r.shape.batch},
                      {"num_q_heads", r.shape.num_q_heads},
@@ -175,7 +190,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, bool decode) {
                      {"seq_len", r.shape.seq_len},
                      {"format", format_name(r.format)},
                      {"granularity", granularity_name(r.granularity)},
-                     {"block_size", d.block_size},
+                     {"block_size", r.block_size},
                      {"sink_tokens", r.sink_tokens},
                      {"splits", r.splits},
                      {"ctas_per_sm", r.ctas_per_sm},
@@ -237,6 +252,11 @@ int dispatch(const BenchCliOptions& o, bool decode) {
     std::fprintf(stderr, "%s: %s\n", name, grid.status().message().c_str());
     return 2;
   }
+  auto block_sizes = parse_block_sizes(o.block_sizes);
+  if (!block_sizes.is_ok()) {
+    std::fprintf(stderr, "%s: %s\n", name, block_sizes.status().message().c_str());
+    return 2;
+  }
   if (cache.backend == "cpu") {
     std::fprintf(stderr,
                  "%s: --backend cpu is not benchmarked here; CPU kernels are timed by the kvq_bench_cpu "
@@ -245,9 +265,10 @@ int dispatch(const BenchCliOptions& o, bool decode) {
     return 2;
   }
 #ifdef KVQ_HAVE_CUDA
-  return run_bench(o, grid.value(), decode);
+  return run_bench(o, grid.value(), block_sizes.value(), decode);
 #else
   (void)decode;
+  (void)block_sizes;
   std::fprintf(stderr,
                "kvq bench: this kvq was built without CUDA, so --backend cuda is unavailable. Rebuild with "
                "-DKVQ_CUDA=ON on a machine with nvcc (and run it on an NVIDIA GPU).\n");
@@ -271,6 +292,9 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   add_common(dec, *opt);
   add_cache_options(dec, opt->decode_cache, CacheCommand::kBenchDecode);
   dec->add_option("--shapes", opt->shapes, "Semicolon-separated B,Hq,Hkv,D,L (default: the nine standard shapes)");
+  dec->add_option("--block-sizes", opt->block_sizes,
+                  "Comma-separated block sizes (16,32) to run every shape and format at, each against bf16 at the "
+                  "same block size (default: --block-size)");
   dec->add_option("--splits", opt->splits, "Force this many KV splits (0: planned)")->capture_default_str();
   dec->callback([which] { *which = 1; });
   CLI::App* wr = sub->add_subcommand("write", "Quantize + scatter of new K/V rows into pages");

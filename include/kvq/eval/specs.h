@@ -29,6 +29,9 @@ struct SpecListOptions {
   std::string rotate = "none";  // --kv-rotate: every entry's rotation unless the entry names one
   int recent_tokens = 0;        // --kv-recent-tokens: every entry's window unless the entry names one
   Format auto_first = Format::kFp8E4m3;  // where auto's fallback chain starts
+  // Accuracy treats bf16 caches of any block size as one (their numbers are the same); a speed
+  // benchmark does not (the kernels page differently), so it keeps entries that differ in block size.
+  bool distinct_block_sizes = false;
 };
 
 // Duplicates (same cache layout) are dropped, keeping the first. Errors name the bad entry.

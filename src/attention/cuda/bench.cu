@@ -178,7 +178,7 @@ Result<DeviceBuffer> filled_source(size_t bytes) {
   return src;
 }
 
-size_t elem_bytes(Format f) { return static_cast<size_t>(format_bits(f)) / 8; }
+double elem_bytes(Format f) { return format_bits(f) / 8.0; }  // int4: 0.5
 
 }  // namespace
 
@@ -330,20 +330,20 @@ Status check_bench_size(const std::string& what, double tokens, int num_kv_heads
   return Status::ok();
 }
 
-Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, const DecodeBenchOptions& o, DeviceBuffer& flush,
-                                        const CudaDeviceInfo& dev) {
+Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs, const DecodeBenchOptions& o,
+                                        DeviceBuffer& flush, const CudaDeviceInfo& dev) {
   if (sh.batch < 1 || sh.num_q_heads < 1 || sh.num_kv_heads < 1 || sh.head_dim < 1 || sh.seq_len < 1 ||
       sh.num_q_heads % sh.num_kv_heads != 0)
     return invalid_argument("B, Hq, Hkv, D and L must be positive and Hq a multiple of Hkv");
   KVQ_RETURN_IF_ERROR(check_bench_size("the KV cache", double(sh.batch) * sh.seq_len, sh.num_kv_heads, sh.head_dim,
-                                       o.block_size, dev));
+                                       bs, dev));
   if (double(sh.batch) * sh.num_q_heads * sh.head_dim * 4 > double(dev.global_mem_bytes))
     return out_of_memory("the queries of the shape do not fit in device memory; use a smaller batch");
   DecodeBenchRow row;
   row.shape = sh;
   row.format = f;
   row.granularity = o.granularity;
-  const int bs = o.block_size;
+  row.block_size = bs;
   const int sink = is_quantized(f) ? std::min(o.sink_tokens, sh.seq_len) : 0;
   row.sink_tokens = sink;
   const int main_tokens = sh.seq_len - sink;
@@ -437,20 +437,25 @@ Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& o, co
   if (!dev.is_ok()) return dev.status();
   auto flush = l2_flush_buffer();
   if (!flush.is_ok()) return flush.status();
+  const std::vector<int> block_sizes = o.block_sizes.empty() ? std::vector<int>{o.block_size} : o.block_sizes;
   std::vector<DecodeBenchRow> rows;
   for (const DecodeShape& sh : o.shapes) {
-    double bf16_us = 0;
-    for (Format f : o.formats) {
-      auto r = bench_decode_one(sh, f, o, flush.value(), dev.value());
-      if (!r.is_ok()) return Status(r.status().code(), sh.label() + " " + format_name(f) + ": " + r.status().message());
-      DecodeBenchRow row = r.value();
-      row.frac_of_copy = copy.tb_per_s > 0 ? row.tb_per_s / copy.tb_per_s : 0;
-      row.frac_of_read = read.tb_per_s > 0 ? row.tb_per_s / read.tb_per_s : 0;
-      if (f == Format::kBf16) bf16_us = row.us_median;
-      rows.push_back(row);
+    for (const int bs : block_sizes) {
+      double bf16_us = 0;
+      const size_t first = rows.size();
+      for (Format f : o.formats) {
+        auto r = bench_decode_one(sh, f, bs, o, flush.value(), dev.value());
+        if (!r.is_ok())
+          return Status(r.status().code(), sh.label() + " " + format_name(f) + " block " + std::to_string(bs) + ": " +
+                                               r.status().message());
+        DecodeBenchRow row = r.value();
+        row.frac_of_copy = copy.tb_per_s > 0 ? row.tb_per_s / copy.tb_per_s : 0;
+        row.frac_of_read = read.tb_per_s > 0 ? row.tb_per_s / read.tb_per_s : 0;
+        if (f == Format::kBf16) bf16_us = row.us_median;
+        rows.push_back(row);
+      }
+      for (size_t i = first; i < rows.size() && bf16_us > 0; ++i) rows[i].speedup_vs_bf16 = bf16_us / rows[i].us_median;
     }
-    for (DecodeBenchRow& row : rows)
-      if (row.shape.label() == sh.label() && bf16_us > 0) row.speedup_vs_bf16 = bf16_us / row.us_median;
   }
   return rows;
 }

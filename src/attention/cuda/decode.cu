@@ -26,6 +26,7 @@ detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g) {
     case Format::kFp8E4m3:
     case Format::kFp8E4m3Fnuz: return detail::decode_kernel_fp8(g.head_dim, scale_mode(g));
     case Format::kInt8: return detail::decode_kernel_int8(g.head_dim, scale_mode(g));
+    case Format::kInt4: return detail::decode_kernel_int4(g.head_dim, scale_mode(g));
     default: return {};
   }
 }
@@ -42,10 +43,11 @@ Status can_implement(const DecodeArgs& a) {
     return unsupported("cuda decode: head_dim " + str(g.head_dim) + " is not supported; the CUDA kernels take 64, 128 or 256 (the CPU backend takes any multiple of 8)");
   if (g.block_size != 16 && g.block_size != 32)
     return unsupported("cuda decode: block_size " + str(g.block_size) + " is not supported; use 16 or 32");
-  if (!format_traits(g.format).device_ready || format_bits(g.format) < 8)
-    return unsupported(std::string("cuda decode: ") + format_name(g.format) +
-                       " caches are not read by these kernels (whole-byte codes only; the CUDA backend reads int4 "
-                       "through its generic kernels)");
+  if (!format_traits(g.format).device_ready)
+    return unsupported(std::string("cuda decode: ") + format_name(g.format) + " caches are not read by these kernels");
+  if (g.outlier_capacity > 0 || g.recent_tokens > 0)
+    return unsupported("cuda decode: caches with an outlier plane (int4_outlier) or a bf16 recent window are not read "
+                       "by these kernels (the CUDA backend reads them through its generic kernels)");
   if (g.num_kv_heads < 1) return invalid_argument("cuda decode: geometry has no kv heads");
   if (a.num_q_heads < 1 || a.num_q_heads % g.num_kv_heads != 0)
     return invalid_argument("cuda decode: num_q_heads (" + str(a.num_q_heads) + ") must be a positive multiple of num_kv_heads (" + str(g.num_kv_heads) + ")");

@@ -1,6 +1,8 @@
 #pragma once
-// The 8-bit decode kernel (fp8 OCP/FNUZ, int8): a producer warp streams whole page-head tiles into a
-// shared-memory ring with cp.async.bulk, four consumer warps attend them from shared memory.
+// The decode kernel of the quantized caches (fp8 OCP/FNUZ, int8, int4): a producer warp streams whole
+// page-head tiles into a shared-memory ring with cp.async.bulk, four consumer warps attend them from
+// shared memory. int4 is the same kernel with half the bytes per tile: the consumers unpack nibbles
+// into the same fp16 fragments (Path<kInt4>), so numerics and scale handling are the 8-bit ones.
 //
 // Why (docs/GPU_NOTES.md §5, §9): with per-lane loads an 8-bit tile is half the bytes of a bf16
 // tile for the same per-tile work, and the bytes a warp can keep in flight were capped by its
@@ -35,27 +37,39 @@ KVQ_HD int bulk_scale_bytes(const cache::CacheGeometry& g) {
   if (g.granularity == ScaleGranularity::kPerBlockHead) return 16;
   return 0;
 }
+KVQ_HD int bulk_tile_bytes(const cache::CacheGeometry& g) {
+  return g.block_size * static_cast<int>(g.row_code_bytes());  // one (page, kv head) tile of K or V codes
+}
 KVQ_HD int bulk_stage_bytes(const cache::CacheGeometry& g) {
-  const int tile = g.block_size * g.head_dim;  // 8-bit codes
+  const int tile = bulk_tile_bytes(g);
   return static_cast<int>(cache::align_up(static_cast<size_t>(2 * tile + 2 * bulk_scale_bytes(g)), 128));
 }
 
 template <Format F, int D, ScaleMode SM>
 __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in_page, int bs, int scale_sub,
                                                ScaleDtype sd, int lane, Payload<F, D>& pl) {
-  static_assert(Path<F>::kBytes == 1, "the bulk kernel reads 8-bit tiles");
+  static_assert(Path<F>::kBits <= 8, "the bulk kernel reads 8- and 4-bit tiles");
   constexpr int kKW = TileShape<F, D>::kKWords, kVW = TileShape<F, D>::kVWords;
+  constexpr int kRow = D * Path<F>::kBits / 8;  // bytes of one token's codes
   const int g = lane >> 2, t = lane & 3;
   const int slot0 = tile_in_page * kTileTokens;
-  const uint8_t* krow = stage + (slot0 + g) * D;
+  const uint8_t* krow = stage + (slot0 + g) * kRow;
+  // Pieces t, t+4, ... of the row (Path::k_elem): 16 bytes, or the lane's whole 8-byte share (int4 D64).
+  if constexpr (kKW == 2) {
+    const uint2 w = *reinterpret_cast<const uint2*>(krow + t * 8);
+    pl.k[0] = w.x, pl.k[1] = w.y;
+  } else {
 #pragma unroll
-  for (int j = 0; j < kKW / 4; ++j) {
-    const uint4 w = *reinterpret_cast<const uint4*>(krow + (t + 4 * j) * 16);
-    pl.k[4 * j] = w.x, pl.k[4 * j + 1] = w.y, pl.k[4 * j + 2] = w.z, pl.k[4 * j + 3] = w.w;
+    for (int j = 0; j < kKW / 4; ++j) {
+      const uint4 w = *reinterpret_cast<const uint4*>(krow + (t + 4 * j) * 16);
+      pl.k[4 * j] = w.x, pl.k[4 * j + 1] = w.y, pl.k[4 * j + 2] = w.z, pl.k[4 * j + 3] = w.w;
+    }
   }
-  const uint8_t* va = stage + bs * D + (slot0 + 2 * t) * D + g * (kVW * 4);
-  const uint8_t* vb = va + D;
-  if constexpr (kVW == 2) {
+  const uint8_t* va = stage + bs * kRow + (slot0 + 2 * t) * kRow + g * (kVW * 4);
+  const uint8_t* vb = va + kRow;
+  if constexpr (kVW == 1) {
+    pl.va[0] = *reinterpret_cast<const uint32_t*>(va), pl.vb[0] = *reinterpret_cast<const uint32_t*>(vb);
+  } else if constexpr (kVW == 2) {
     const uint2 x = *reinterpret_cast<const uint2*>(va), y = *reinterpret_cast<const uint2*>(vb);
     pl.va[0] = x.x, pl.va[1] = x.y, pl.vb[0] = y.x, pl.vb[1] = y.y;
   } else {
@@ -67,7 +81,7 @@ __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in
     }
   }
   if constexpr (SM == ScaleMode::kToken) {
-    const uint8_t* ks = stage + 2 * bs * D;
+    const uint8_t* ks = stage + 2 * bs * kRow;
     // scale_sub < 0: per-token scales (slot index); else the page's scale inside its 16-byte chunk.
     // sb: scales in one K run (the V run follows it).
     const int sb = scale_sub < 0 ? bs : (sd == ScaleDtype::kFp16 ? 8 : 4);
@@ -78,13 +92,14 @@ __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in
 }
 
 // The producer warp: page ids 32 at a time (one per lane), lane 0 issues the copies.
-template <ScaleMode SM>
+template <Format F, int D, ScaleMode SM>
 __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full, uint64_t* empty, int* page_ids,
                         uint8_t* ring, int lane) {
-  const int bs = p.block_size, D = p.geom.head_dim, tpp = bs / kTileTokens;
+  const int tpp = p.block_size / kTileTokens;
   const int pg0 = w.main_t0 / tpp, n_pages = (w.main_t1 + tpp - 1) / tpp - pg0;
   const int32_t* table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + pg0;
-  const uint32_t tile = static_cast<uint32_t>(bs * D);
+  constexpr uint32_t kRow = D * Path<F>::kBits / 8;
+  const uint32_t tile = static_cast<uint32_t>(p.block_size) * kRow;  // bulk_tile_bytes
   const uint32_t sbytes = SM == ScaleMode::kToken ? static_cast<uint32_t>(bulk_scale_bytes(p.geom)) : 0;
   const int S = p.ring_stages;
   for (int base = 0; base < n_pages; base += 32) {
@@ -98,7 +113,7 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full,
         uint8_t* st = ring + static_cast<size_t>(s) * p.stage_bytes;
         page_ids[s] = page;
         mbar_arrive_expect_tx(&full[s], 2 * tile + 2 * sbytes);
-        const size_t e = p.geom.elem_index(page, w.kv_head, 0);
+        const size_t e = p.geom.elem_index(page, w.kv_head, 0) / D * kRow;  // code_offset, D and bits known here
         bulk_copy_g2s(st, p.k_codes + e, tile, &full[s]);
         bulk_copy_g2s(st + tile, p.v_codes + e, tile, &full[s]);
         if constexpr (SM == ScaleMode::kToken) {
@@ -170,7 +185,7 @@ __global__ void __launch_bounds__(kBulkThreads, kMinCtas) decode_bulk_kernel(con
   State<D> st;
   init_state(st);
   if (warp == kDecodeWarps) {
-    produce<SM>(p, w, full, empty, page_ids, ring, lane);
+    produce<F, D, SM>(p, w, full, empty, page_ids, ring, lane);
   } else {
     // The ring fills while the consumers attend the sink tiles.
     run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);

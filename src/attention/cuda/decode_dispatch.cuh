@@ -1,5 +1,7 @@
 #pragma once
 // Kernel instances live in several translation units so they compile in parallel.
+#include <type_traits>
+
 #include "decode_bulk_kernel.cuh"
 
 namespace kvq::attention::cuda::detail {
@@ -11,14 +13,14 @@ struct DecodeKernelFn {
 };
 using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 
-// 8-bit caches take the bulk-copy kernel, 16-bit caches the register kernel (docs/GPU_NOTES.md §9).
+// 8- and 4-bit caches take the bulk-copy kernel, 16-bit caches the register kernel (docs/GPU_NOTES.md
+// §9, §11).
 // The register cap of the bulk kernel lets kBulkMinCtas CTAs share an SM (their rings too). D64 at 4
 // (96 registers, a 32-byte stack): SmolLM2 B64 L8192 fp8 131 -> 120 us at block 16, 93 -> 97 us at
 // block 32 (docs/GPU_NOTES.md §9); D128 at 4 would spill far more (128 already spills).
 template <Format F, int D, ScaleMode SM>
 DecodeKernelFn decode_instance() {
-  constexpr bool k8bit = F != Format::kBf16 && F != Format::kFp16;
-  if constexpr (k8bit) {
+  if constexpr (Path<F>::kBits <= 8) {
     constexpr int kBulkMinCtas = D == 64 ? 4 : D == 128 ? 3 : 1;
     return {decode_bulk_kernel<F, D, SM, kBulkMinCtas>, true};
   } else {
@@ -26,9 +28,28 @@ DecodeKernelFn decode_instance() {
   }
 }
 
+// The instances of a scaled format (per-tensor scale, or per-token / per-block scales); one
+// translation unit per format instantiates them.
+template <Format F>
+DecodeKernelFn scaled_instances(int head_dim, ScaleMode sm) {
+  auto pick = [sm](auto d) -> DecodeKernelFn {
+    constexpr int D = decltype(d)::value;
+    if (sm == ScaleMode::kTensor) return decode_instance<F, D, ScaleMode::kTensor>();
+    if (sm == ScaleMode::kToken) return decode_instance<F, D, ScaleMode::kToken>();
+    return {};
+  };
+  switch (head_dim) {
+    case 64: return pick(std::integral_constant<int, 64>{});
+    case 128: return pick(std::integral_constant<int, 128>{});
+    case 256: return pick(std::integral_constant<int, 256>{});
+    default: return {};
+  }
+}
+
 // An empty DecodeKernelFn for a head_dim without an instance.
 DecodeKernelFn decode_kernel_fp8(int head_dim, ScaleMode sm);
 DecodeKernelFn decode_kernel_int8(int head_dim, ScaleMode sm);
+DecodeKernelFn decode_kernel_int4(int head_dim, ScaleMode sm);
 DecodeKernelFn decode_kernel_16bit(Format f, int head_dim);
 MergeKernelFn decode_merge_kernel_for(int head_dim);
 

@@ -63,14 +63,35 @@ struct DecodeParams {
 
 template <Format F>
 struct Path {
-  static constexpr int kBytes = (F == Format::kBf16 || F == Format::kFp16) ? 2 : 1;
+  static constexpr int kBits = format_traits(F).bits;
+  static constexpr int kBytes = kBits == 16 ? 2 : 1;  // per code (int4: two codes per byte)
   static constexpr bool kBf16Mma = F == Format::kBf16;
+  static constexpr bool kInt4 = F == Format::kInt4;
+
+  // Head-dim element that lane t's K words feed to contraction row r of QK mma M, r = 0..3 for the
+  // rows 2t, 2t+1, 2t+8, 2t+9 (what build_q_frags puts there). Lane t holds K pieces t, t+4, ...
+  // of min(16, its share) bytes each (see load_tile_smem); 8- and 16-bit words go to the mma in
+  // element order; lane-local int4 word w (8 elements) feeds mma 2w its elements {0, 4, 1, 5} and
+  // mma 2w+1 its elements {2, 6, 3, 7}: what one mask of a word's two halves yields (k_frag).
+  template <int D>
+  __device__ __forceinline__ static int k_elem(int M, int t, int r) {
+    constexpr int kKW = D * kBits / 128;  // TileShape::kKWords
+    constexpr int kPiece = kKW * 4 < 16 ? kKW * 4 : 16;
+    // Lane-local byte -> byte of the row: pieces t, t+4, ...
+    auto row_byte = [&](int lb) { return (t + 4 * (lb / kPiece)) * kPiece + lb % kPiece; };
+    if constexpr (kInt4) return 2 * row_byte(4 * (M >> 1)) + 2 * (M & 1) + (r >> 1) + 4 * (r & 1);
+    return row_byte(4 * M * kBytes) / kBytes + r;  // lane-local elements 4M..4M+3, in order in one piece
+  }
 
   // B fragment of QK mma M from the lane's K words.
   __device__ __forceinline__ static void k_frag(const uint32_t* kw, int M, uint32_t& b0, uint32_t& b1) {
     if constexpr (kBytes == 2) {
       b0 = kw[2 * M];
       b1 = kw[2 * M + 1];
+    } else if constexpr (kInt4) {
+      const uint32_t x = kw[M >> 1] >> (8 * (M & 1));
+      b0 = int4x2_to_half2(x);
+      b1 = int4x2_to_half2(x >> 4);
     } else if constexpr (F == Format::kInt8) {
       const uint32_t u = kw[M] ^ 0x80808080u;
       b0 = biased_u8x2_to_half2(prmt(u, 0x64646464u, 0x4140));
@@ -87,6 +108,12 @@ struct Path {
     if constexpr (kBytes == 2) {
       a0 = prmt(a[jj], b[jj], 0x5410);
       a1 = prmt(a[jj], b[jj], 0x7632);
+    } else if constexpr (kInt4) {
+      // Byte jj % 4 of word jj / 4 holds dims 2jj (low nibble) and 2jj+1 (high nibble).
+      const int w = jj >> 2;
+      const uint32_t x = prmt(a[w], b[w], (jj & 2) ? 0x7632 : 0x5410) >> (8 * (jj & 1));  // [a_k, ., b_k, .]
+      a0 = int4x2_to_half2(x);
+      a1 = int4x2_to_half2(x >> 4);
     } else {
       const int w = jj >> 1;
       const uint32_t x = prmt(a[w], b[w], (jj & 1) ? 0x7362 : 0x5140);  // [a_d, b_d, a_d+1, b_d+1]
@@ -104,9 +131,8 @@ struct Path {
 
 template <Format F, int D>
 struct TileShape {
-  static constexpr int kBytes = Path<F>::kBytes;
-  static constexpr int kKWords = D * kBytes / 16;  // lane's share of one K row
-  static constexpr int kVWords = D * kBytes / 32;  // lane's share of one V row
+  static constexpr int kKWords = D * Path<F>::kBits / 128;  // lane's share of one K row
+  static constexpr int kVWords = D * Path<F>::kBits / 256;  // lane's share of one V row
   static constexpr int kWordsPerTile = kKWords + 2 * kVWords + 4;
   static constexpr int kNT = kWordsPerTile <= 12 ? 4 : kWordsPerTile <= 24 ? 2 : 1;
   static constexpr bool kPrefetch = kWordsPerTile * kNT <= 48;
@@ -365,19 +391,16 @@ __device__ __forceinline__ void run_part(const DecodeParams& p, const PartArgs& 
 }
 
 // Query fragments of one path: [D/16 mmas][32 lanes] x 4 registers. Lane (g, t), mma M holds head
-// g's query at the head dims whose K bytes lane t feeds to mma M (see Path::k_frag and load_tile).
-template <int D, int kB, bool kBf16>
+// g's query at the head dims whose K codes lane t feeds to mma M (Path::k_elem).
+template <Format F, int D>
 __device__ void build_q_frags(const float* q_rows, int valid_heads, float qscale, uint4* qf, int tid) {
-  constexpr int kE = 16 / kB;            // elements per 16-byte chunk
-  constexpr int kMmaPerChunk = kE / 4;
+  constexpr bool kBf16 = Path<F>::kBf16Mma;
   for (int idx = tid; idx < (D / 16) * 32; idx += blockDim.x) {
     const int M = idx / 32, ln = idx % 32, g = ln >> 2, t = ln & 3;
-    const int j = M / kMmaPerChunk, i = M % kMmaPerChunk;
-    const int d0 = (t + 4 * j) * kE + 4 * i;
     float x[4] = {0.f, 0.f, 0.f, 0.f};
     if (g < valid_heads) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) x[e] = q_rows[g * D + d0 + e] * qscale;
+      for (int r = 0; r < 4; ++r) x[r] = q_rows[g * D + Path<F>::template k_elem<D>(M, t, r)] * qscale;
     }
     uint4 r;
     split2<kBf16>(x[0], x[1], r.x, r.y);
@@ -475,8 +498,8 @@ __device__ float prepare_query(const DecodeParams& p, const CtaWork& w, DecodeSm
     e = min(max(8 - x, -100), 100);
   }
   const float qscale = p.softmax_scale * kLog2e * ldexpf(1.f, e);
-  build_q_frags<D, Path<F>::kBytes, Path<F>::kBf16Mma>(q_rows, w.valid_heads, qscale, sm.qf[0], tid);
-  build_q_frags<D, 2, true>(q_rows, w.valid_heads, qscale, sm.qf[1], tid);
+  build_q_frags<F, D>(q_rows, w.valid_heads, qscale, sm.qf[0], tid);
+  build_q_frags<Format::kBf16, D>(q_rows, w.valid_heads, qscale, sm.qf[1], tid);
   __syncthreads();
   return ldexpf(1.f, -e);
 }

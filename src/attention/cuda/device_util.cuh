@@ -162,6 +162,17 @@ __device__ __forceinline__ uint32_t biased_u8x2_to_half2(uint32_t two_bytes_with
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// Two int4 codes, the nibbles at bits 0-3 and 16-19 of `w` (other bits ignored) -> fp16x2, exact.
+// Flipping a two's complement nibble's top bit gives u = code + 8 (0..15), and 0x6400 | u is the
+// half 1024 + u, so one LOP3 (mask, flip, magic) and one HSUB2 of 1032 leave the code.
+__device__ __forceinline__ uint32_t int4x2_to_half2(uint32_t w) {
+  uint32_t x = (w & 0x000f000fu) ^ 0x64086408u;
+  const __half2 magic = __halves2half2(__ushort_as_half(0x6408), __ushort_as_half(0x6408));  // 1032
+  __half2 h = *reinterpret_cast<__half2*>(&x);
+  h = __hsub2(h, magic);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
 // ---- misc ----------------------------------------------------------------------------------------
 
 __device__ __forceinline__ float warp_max_xor(float v, int width_lanes_mask) {

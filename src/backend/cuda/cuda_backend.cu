@@ -43,12 +43,12 @@ Status blas_status(cublasStatus_t s, const char* what) {
   return Status(StatusCode::kCudaError, std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(s)));
 }
 
-// The fast kernels of attention/cuda (write and decode) take these shapes, with whole-byte codes;
-// others go generic (so does int4, whose codes share bytes, until it has fast kernels).
-bool fast_shape(const cache::CacheGeometry& g) {
-  return (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256) && (g.block_size == 16 || g.block_size == 32) &&
-         format_bits(g.format) >= 8;
+// The fast kernels of attention/cuda (write and decode) take these shapes; others go generic.
+bool fast_dims(const cache::CacheGeometry& g) {
+  return (g.head_dim == 64 || g.head_dim == 128 || g.head_dim == 256) && (g.block_size == 16 || g.block_size == 32);
 }
+// The fast write kernel takes whole-byte codes (int4 is written by the generic kernel).
+bool fast_shape(const cache::CacheGeometry& g) { return fast_dims(g) && format_bits(g.format) >= 8; }
 
 Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
   if (g.head_dim < 8 || g.head_dim > cuda_ops::kMaxGenericHeadDim || g.head_dim % 8 != 0)
@@ -62,9 +62,12 @@ Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
   return Status::ok();
 }
 
-// The fast decode kernels do not know the bf16 recent window; with one, decode and prefill take the
-// generic kernel, which applies the per-query rule (layout.h's uses_recent) token by token.
-bool fast_attention(const cache::CacheGeometry& g) { return fast_shape(g) && g.recent_tokens == 0; }
+// The fast decode kernels (every format, int4 included) know neither the bf16 recent window nor
+// int4_outlier's sparse plane; with one, decode and prefill take the generic kernel, which applies
+// the per-query rule (layout.h's uses_recent) token by token.
+bool fast_attention(const cache::CacheGeometry& g) {
+  return fast_dims(g) && g.recent_tokens == 0 && g.outlier_capacity == 0;
+}
 
 class CudaCacheStorage final : public CacheStorage {
  public:

@@ -42,12 +42,15 @@ struct CopyBandwidth {
 
 struct DecodeBenchOptions {
   std::vector<DecodeShape> shapes = default_decode_shapes();
-  std::vector<Format> formats = {Format::kBf16, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8};
+  std::vector<Format> formats = {Format::kBf16, Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8, Format::kInt4};
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   int block_size = 16;
+  // Several block sizes in one run (each shape and format at each; bf16 ratios within the same
+  // block size); empty: block_size only.
+  std::vector<int> block_sizes;
   int sink_tokens = 256;  // quantized formats only; the bf16 baseline has no sink
   int force_splits = 0;
-  int ring_stages = 0;    // 8-bit caches: DecodeOptions::ring_stages (0: the planner's choice)
+  int ring_stages = 0;    // 8- and 4-bit caches: DecodeOptions::ring_stages (0: the planner's choice)
   uint64_t seed = 1;
   BenchTiming timing;
 };
@@ -56,14 +59,15 @@ struct DecodeBenchRow {
   DecodeShape shape;
   Format format = Format::kBf16;
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
+  int block_size = 16;
   int sink_tokens = 0, splits = 1, ctas_per_sm = 0;
   double us_median = 0, us_min = 0, us_max = 0;
   double kv_bytes = 0;        // codes + scales + sink read
   double tb_per_s = 0;        // kv_bytes / median
   double frac_of_copy = 0;    // tb_per_s / copy bandwidth
   double frac_of_read = 0;    // tb_per_s / read-only streaming bandwidth (decode only reads K/V)
-  int ring_stages = 0;        // 8-bit caches: pages in flight per CTA
-  double speedup_vs_bf16 = 0; // bf16 median / this median (0 when bf16 was not run)
+  int ring_stages = 0;        // 8- and 4-bit caches: pages in flight per CTA
+  double speedup_vs_bf16 = 0; // bf16 median / this median at the same block size (0 when bf16 was not run)
 };
 
 struct WriteBenchOptions {

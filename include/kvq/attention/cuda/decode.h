@@ -12,18 +12,19 @@
 //
 // One CTA handles (sequence, kv head, group of <= 8 query heads, KV split): every K/V byte of a
 // kv head is read once for its whole GQA group (groups larger than 8 query heads take several
-// CTAs). 8-bit caches (fp8, FNUZ, int8): a producer warp copies whole page tiles (K, V, scales:
+// CTAs). 8- and 4-bit caches (fp8, FNUZ, int8, int4): a producer warp copies whole page tiles (K, V, scales:
 // each contiguous in the pool) with cp.async.bulk into a ring of `ring_stages` pages in shared
 // memory, four consumer warps attend them from there; 16-bit caches load per lane into registers.
 // Dequantisation is fused: codes are converted in registers and multiplied on tensor cores
-// (mma.sync; fp8/int8 through exact fp16 values, bf16 natively) with the query and the
+// (mma.sync; fp8/int8/int4 through exact fp16 values, bf16 natively) with the query and the
 // probabilities split into a high and a low half, so the products keep ~22 bits. Per-token and
 // per-page K scales multiply the logits, V scales ride on the probabilities in the log domain,
 // per-tensor scales fold into the same places. Sink (bf16) tokens and quantized tokens are
 // attended in the same pass; splits are merged by log-sum-exp in a second kernel.
 //
-// Supported: head_dim 64/128/256, block_size 16/32, formats bf16, fp16, fp8_e4m3, fp8_e4m3_fnuz
-// and int8 with any scale granularity; num_q_heads a multiple of num_kv_heads.
+// Supported: head_dim 64/128/256, block_size 16/32, formats bf16, fp16, fp8_e4m3, fp8_e4m3_fnuz,
+// int8 and int4 (symmetric; not int4_outlier, no bf16 recent window) with any scale granularity and
+// fp32 or fp16 scale planes; num_q_heads a multiple of num_kv_heads.
 // Needs sm_80 or newer for the mma instructions and sm_89+ for the fp8 conversion (the build
 // targets sm_90a). FNUZ is read with the OCP conversion: every byte kvq's FNUZ writer emits decodes
 // to exactly half its OCP value (DESIGN §2), so the 0.5 is folded into the scales.
@@ -46,13 +47,13 @@ struct DecodePlan {
   int max_tokens = 0;       // per sequence, from the table widths the plan was made for
   int max_blocks = 0, max_sink_blocks = 0, num_seqs = 0, num_q_heads = 0;  // what run() checks
   int threads = 0;          // per CTA
-  int ring_stages = 0;      // 8-bit caches: pages in flight per CTA in the shared-memory ring
+  int ring_stages = 0;      // 8- and 4-bit caches: pages in flight per CTA in the shared-memory ring
   int smem_bytes = 0;       // dynamic shared memory per CTA (the ring and its barriers)
 };
 
 struct DecodeOptions {
   int force_splits = 0;  // > 0: use exactly this many splits (tests, tuning); 0: choose
-  int ring_stages = 0;   // 8-bit caches, > 0: ring depth in pages (rounded to a multiple of 4, 4..16); 0: choose
+  int ring_stages = 0;   // 8- and 4-bit caches, > 0: ring depth in pages (rounded to a multiple of 4, 4..16); 0: choose
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
