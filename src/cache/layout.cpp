@@ -31,8 +31,8 @@ size_t bytes_per_page(const QuantSpec& spec, int num_layers, int num_kv_heads, i
   for (int l = 0; l < num_layers; ++l) {
     for (int kv = 0; kv < 2; ++kv) {
       g.format = spec.plane_format(l, kv);
-      g.plane_kv = kv;
-      total += g.bytes_per_page() + g.scales_per_page() * g.scale_bytes() + g.outlier_words_per_page() * sizeof(uint32_t);
+      const CacheGeometry pg = g.plane(kv);
+      total += pg.bytes_per_page() + pg.scales_per_page() * pg.scale_bytes() + pg.outlier_words_per_page() * sizeof(uint32_t);
     }
   }
   return total;

@@ -173,13 +173,15 @@ Result<std::unique_ptr<PagedKvCache>> PagedKvCache::create(const CacheConfig& cf
       p.v_scales.resize(vg.scale_plane_bytes() / sizeof(float));
       p.k_sink.resize(g.sink_plane_bytes() / sizeof(uint16_t));
       p.v_sink.resize(g.sink_plane_bytes() / sizeof(uint16_t));
-      p.k_outliers.resize(g.outlier_plane_bytes() / sizeof(uint32_t));
-      p.v_outliers.resize(g.outlier_plane_bytes() / sizeof(uint32_t));
+      p.k_outliers.resize(kg.outlier_plane_bytes() / sizeof(uint32_t));
+      p.v_outliers.resize(vg.outlier_plane_bytes() / sizeof(uint32_t));
       p.k_recent.resize(g.recent_plane_bytes() / sizeof(uint16_t));
       p.v_recent.resize(g.recent_plane_bytes() / sizeof(uint16_t));
     }
-    if (g.outlier_capacity > 0)
-      c->channel_stats_.assign(static_cast<size_t>(g.num_layers) * 2, quant::ChannelStats(g.num_kv_heads * g.head_dim));
+    if (g.outlier_capacity > 0) {
+      c->channel_stats_.assign(static_cast<size_t>(g.num_layers), quant::ChannelStats(g.num_kv_heads * g.head_dim));
+      c->key_stats_.assign(static_cast<size_t>(g.num_layers), quant::ChannelStats(g.num_kv_heads * g.head_dim));
+    }
     if (cfg.spec.quantized() && g.granularity == ScaleGranularity::kPerBlockHead) {
       c->block_amax_.assign(static_cast<size_t>(g.num_layers) * 2 * g.num_pages * g.num_kv_heads, 0.f);
     }
@@ -401,10 +403,10 @@ Status PagedKvCache::copy_page(bool sink, int32_t from, int32_t to) {
       uint8_t* scales = kv == 0 ? p.k_scale_bytes() : p.v_scale_bytes();
       if (nsb > 0) std::memcpy(scales + nsb * to, scales + nsb * from, nsb);
     }
-    const size_t nw = geom_.outlier_words_per_page();
-    if (nw > 0) {
-      std::memcpy(p.k_outliers.data() + nw * to, p.k_outliers.data() + nw * from, nw * sizeof(uint32_t));
-      std::memcpy(p.v_outliers.data() + nw * to, p.v_outliers.data() + nw * from, nw * sizeof(uint32_t));
+    for (int kv = 0; kv < 2; ++kv) {
+      const size_t nw = plane_geom(l, kv).outlier_words_per_page();
+      uint32_t* words = kv == 0 ? p.k_outliers.data() : p.v_outliers.data();
+      if (nw > 0) std::memcpy(words + nw * to, words + nw * from, nw * sizeof(uint32_t));
     }
     if (!block_amax_.empty()) {
       for (int kv = 0; kv < 2; ++kv) {
@@ -559,8 +561,6 @@ void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0,
       if (!g.has_scales() || g.granularity == ScaleGranularity::kPerTensor) {
         const float scale = g.has_scales() ? load_scale(scales, 0, sd) : 1.0f;
         for (int t = slot0; t < slot1; ++t) quant::quantize_row(f, row(t), d, scale, dst(t), &stats_);
-      } else if (g.outlier_capacity > 0) {
-        write_outlier_rows(layer, kv, page, h, slot0, slot1, filled, row);
       } else if (g.granularity == ScaleGranularity::kPerTokenHead) {
         for (int t = slot0; t < slot1; ++t) {
           const float scale = scale_of(quant::finite_amax(row(t), d));
@@ -596,37 +596,6 @@ void PagedKvCache::write_main_page(Sequence& s, int layer, int block, int slot0,
       }
     }
   }
-}
-
-// int4_outlier rows of one page head (quant/outlier.h has the rule). Entries of the slots being
-// written, and of slots past the page head's data (left by an earlier owner of the page or by a
-// truncation), are dropped first; the kept ones stay in write order.
-void PagedKvCache::write_outlier_rows(int layer, int kv, int32_t page, int h, int slot0, int slot1, int filled,
-                                      const std::function<const float*(int)>& row) {
-  const int d = geom_.head_dim;
-  Planes& pl = layers_[static_cast<size_t>(layer)];
-  uint8_t* codes = kv == 0 ? pl.k_codes.data() : pl.v_codes.data();
-  float* scales = kv == 0 ? pl.k_scales.data() : pl.v_scales.data();
-  uint32_t* plane = (kv == 0 ? pl.k_outliers.data() : pl.v_outliers.data()) + geom_.outlier_index(page, h);
-  uint32_t* words = plane + 1;  // plane[0]: the count
-  std::vector<quant::OutlierEntry> entries;
-  for (uint32_t j = 0; j < plane[0]; ++j) {
-    const quant::OutlierEntry e = quant::unpack_outlier(words[j]);
-    const int slot = e.index / d;
-    if (slot < filled && (slot < slot0 || slot >= slot1)) entries.push_back(e);
-  }
-  const quant::ChannelStats& cs = channel_stats_[static_cast<size_t>(layer) * 2 + kv];
-  float thr[kMaxHeadDim];
-  for (int i = 0; i < d; ++i) thr[i] = cs.threshold(h * d + i);
-  for (int t = slot0; t < slot1; ++t) {
-    const int room = quant::fair_share(geom_.outlier_capacity - static_cast<int>(entries.size()), geom_.block_size - t);
-    const quant::OutlierStats st = quant::quantize_row_outliers(row(t), d, thr, t, room, codes + geom_.code_offset(page, h, t),
-                                                                &scales[geom_.scale_index(page, h, t)], &entries);
-    stats_.values += st.values, stats_.nonfinite += st.nonfinite, stats_.saturated += st.clipped;
-    stats_.outliers += st.outliers, stats_.outlier_overflow += st.overflowed;
-  }
-  plane[0] = static_cast<uint32_t>(entries.size());
-  for (size_t j = 0; j < entries.size(); ++j) words[j] = quant::pack_outlier(entries[j]);
 }
 
 Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const float* v, int n_tokens) {
@@ -672,6 +641,7 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
   const int heads = geom_.num_kv_heads, d = geom_.head_dim;
   const size_t row_stride = static_cast<size_t>(heads) * d;
   Planes& pl = layers_[static_cast<size_t>(layer)];
+  if (geom_.outlier_capacity > 0) write_outlier_tokens(s, layer, pos0, end, k, v);
 
   for (int t = pos0; t < std::min(end, cap); ++t) {
     const int32_t page = s.sink_blocks[static_cast<size_t>(t / bs)];
@@ -687,10 +657,6 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
     const int t0 = std::max(pos0, cap);
     const float* k0 = k + static_cast<size_t>(t0 - pos0) * row_stride;
     const float* v0 = v + static_cast<size_t>(t0 - pos0) * row_stride;
-    if (geom_.outlier_capacity > 0) {  // the statistics see a write before its rows are judged
-      channel_stats_[static_cast<size_t>(layer) * 2].update(k0, end - t0);
-      channel_stats_[static_cast<size_t>(layer) * 2 + 1].update(v0, end - t0);
-    }
     quant::QuantStats ignored;  // the codes' write counts these tokens' non-finite inputs already
     if (geom_.granularity == ScaleGranularity::kPerTensor) {
       // The layer's scale is fixed by the first write reaching the quantized pages.
@@ -708,7 +674,7 @@ Status PagedKvCache::write(SeqId seq, int layer, int pos0, const float* k, const
       const int u = t - cap, block = u / bs, slot0 = u % bs;
       const int slot1 = std::min(bs, slot0 + (end - t));
       const size_t in = static_cast<size_t>(t - pos0) * row_stride;
-      if (!kivi()) write_main_page(s, layer, block, slot0, slot1, k + in, v + in);
+      if (!kivi() && geom_.outlier_capacity == 0) write_main_page(s, layer, block, slot0, slot1, k + in, v + in);
       const int32_t twin = block < static_cast<int>(s.recent_blocks.size()) ? s.recent_blocks[static_cast<size_t>(block)] : -1;
       if (twin >= 0) {
         // The bf16 copy read by the queries whose window holds these tokens; codes are written too
@@ -793,12 +759,7 @@ Status PagedKvCache::read_token(SeqId seq, int layer, int pos, float* k, float* 
       const size_t off = g.code_offset(page, h, slot);
       const float sc = g.has_scales() ? load_scale(scales, g.scale_index(page, h, slot), g.scale_dtype) : 1.f;
       quant::dequantize_row(g.format, codes + off, d, sc, out + static_cast<size_t>(h) * d);
-      if (g.outlier_capacity == 0) continue;
-      const uint32_t* plane = (kv == 0 ? pl.k_outliers : pl.v_outliers).data() + g.outlier_index(page, h);
-      for (uint32_t j = 0; j < plane[0]; ++j) {
-        const quant::OutlierEntry e = quant::unpack_outlier(plane[1 + j]);
-        if (e.index / d == slot) out[static_cast<size_t>(h) * d + e.index % d] = format::fp16_to_float(e.value);
-      }
+      if (g.outlier_capacity > 0) read_outliers(g, (kv == 0 ? pl.k_outliers : pl.v_outliers).data(), page, h, slot, out + static_cast<size_t>(h) * d);
     }
   }
   return Status::ok();

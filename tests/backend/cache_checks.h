@@ -27,16 +27,18 @@ struct CacheCase {
   int head_dim = 64, kv_heads = 2, group = 1, block = 16, sink = 0;
   int recent = 0;  // bf16 recent window (QuantSpec::recent_tokens)
   ScaleDtype scale_dtype = ScaleDtype::kFp32;
+  bool outliers = false;  // int4_outlier (int4 per_token_head only)
 
   QuantSpec spec() const {
     QuantSpec s;
     s.format = format, s.granularity = granularity, s.block_size = block, s.sink_tokens = sink;
     s.recent_tokens = recent;
     s.scale_dtype = scale_dtype;
+    s.outliers = outliers;
     return s;
   }
   std::string name() const {
-    std::string n = format_name(format);
+    std::string n = std::string(format_name(format)) + (outliers ? "_outlier" : "");
     if (is_quantized(format)) n += std::string("_") + granularity_name(granularity);
     if (is_quantized(format) && scale_dtype == ScaleDtype::kFp16) n += "_fp16scales";
     return n + "_d" + std::to_string(head_dim) + "_g" + std::to_string(group) + "_b" + std::to_string(block) + "_s" +
@@ -96,6 +98,15 @@ inline std::vector<CacheCase> write_cases() {
         v.push_back(c);
       }
   }
+  // int4_outlier: per-channel K, sparse entries (a generic and a fast shape, with and without a
+  // sink, one with a recent window).
+  const int outlier_shapes[2][4] = {{64, 16, 32, 0}, {8, 32, 0, 20}};  // head_dim, block, sink, recent
+  for (const auto& s : outlier_shapes) {
+    CacheCase c;
+    c.format = Format::kInt4, c.outliers = true;
+    c.head_dim = s[0], c.block = s[1], c.sink = s[2], c.recent = s[3];
+    v.push_back(c);
+  }
   return v;
 }
 
@@ -140,6 +151,14 @@ inline std::vector<CacheCase> attention_cases() {
       c.scale_dtype = ScaleDtype::kFp16;
       v.push_back(c);
     }
+  // int4_outlier on four shapes (every head_dim, ratio, block and sink), one with a recent window.
+  for (int j = 0; j < 4; ++j) {
+    const int* s = shapes[(3 * j + 1) % 12];
+    CacheCase c;
+    c.format = Format::kInt4, c.outliers = true;
+    c.head_dim = s[0], c.group = s[1], c.block = s[2], c.sink = s[3], c.recent = j == 3 ? 21 : 0;
+    v.push_back(c);
+  }
   return v;
 }
 
@@ -227,7 +246,9 @@ inline void fill_canaries(Backend& be, CacheStorage& st, cache::PagedKvCache& re
       std::memcpy(h, c.data(), bytes);
       KVQ_ASSERT_OK(be.upload(d, c.data(), bytes));
     };
-    // Each plane by its own geometry: int4_kivi's K and V parameter planes differ in size.
+    // Each plane by its own geometry: int4_kivi's K and V parameter planes differ in size;
+    // int4_outlier's K has channel scales in its side plane and no scale plane. Side planes get no
+    // canaries: their first word is an entry count that the writer trusts.
     fill(dst.k_codes, host.k_codes, g.plane(0).code_plane_bytes(), false);
     fill(dst.v_codes, host.v_codes, g.plane(1).code_plane_bytes(), false);
     fill(dst.k_scales, host.k_scales, g.plane(0).scale_plane_bytes(), true);
@@ -451,6 +472,10 @@ inline void check_cache_write(Backend& be, const CacheCase& c, uint64_t seed, st
     ASSERT_EQ(got.k_recent.size(), want.k_recent.size());
     EXPECT_TRUE(same_bytes("K recent", got.k_recent.data(), want.k_recent.data(), want.k_recent.size() * 2, 16, g));
     EXPECT_TRUE(same_bytes("V recent", got.v_recent.data(), want.v_recent.data(), want.v_recent.size() * 2, 16, g));
+    ASSERT_EQ(got.k_outliers.size(), want.k_outliers.size());
+    ASSERT_EQ(got.v_outliers.size(), want.v_outliers.size());
+    EXPECT_TRUE(same_bytes("K outliers", got.k_outliers.data(), want.k_outliers.data(), want.k_outliers.size() * 4, 32, g));
+    EXPECT_TRUE(same_bytes("V outliers", got.v_outliers.data(), want.v_outliers.data(), want.v_outliers.size() * 4, 32, g));
   }
   if (c.recent > 0) {
     EXPECT_GT(ref.memory_report().recent_pages_used, 0);
@@ -510,6 +535,8 @@ class AttnFixture {
     ASSERT_NO_FATAL_FAILURE(up(lv.v_sink, p.v_sink.data(), g.sink_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.k_recent, p.k_recent.data(), g.recent_plane_bytes()));
     ASSERT_NO_FATAL_FAILURE(up(lv.v_recent, p.v_recent.data(), g.recent_plane_bytes()));
+    ASSERT_NO_FATAL_FAILURE(up(lv.k_outliers, p.k_outliers.data(), g.plane(0).outlier_plane_bytes()));
+    ASSERT_NO_FATAL_FAILURE(up(lv.v_outliers, p.v_outliers.data(), g.plane(1).outlier_plane_bytes()));
     tables_ = kv.batch_tables(sc_.seqs);
     lens_ = dev_from(be, tables_.seq_lens);
     sink_lens_ = dev_from(be, tables_.sink_lens);

@@ -37,8 +37,8 @@ int run_formats(const FormatsOptions& opt) {
     std::printf("%-14s %4d %7s %-9s  %s\n", format_name(f), format_bits(f), qmax, where, format_description(f));
   }
   // Not a code format of its own: int4 codes plus a side plane (quant/outlier.h).
-  std::printf("%-14s %4d %7d %-9s  %s\n", "int4_outlier", 4, 7, "cpu",
-              "int4 per_token_head + per-page sparse fp16 outliers (|x| > 4x the running RMS of its channel or head; 1 per token)");
+  std::printf("%-14s %4d %7d %-9s  %s\n", "int4_outlier", 4, 7, "cpu,cuda",
+              "int4, K per channel (page scales from running RMS) and V per token, + per-page sparse fp16 outliers (1 per token)");
   return 0;
 }
 

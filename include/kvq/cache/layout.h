@@ -16,8 +16,10 @@
 //                     group per channel (head_dim), V one per slot (block_size); kivi_param_index
 //     bf16/fp16:      none
 //   sink   [num_sink_pages][num_kv_heads][block_size][head_dim] bf16
-//   outliers (int4_outlier only): [num_pages][num_kv_heads][1 + outlier_capacity] uint32: a count,
+//   outliers (int4_outlier only): [num_pages][num_kv_heads][outlier_stride()] uint32: a count,
 //          then that many sparse entries (quant/outlier.h: slot * head_dim + channel, fp16 value)
+//          in a room of outlier_capacity words; the K plane then holds head_dim fp16 channel scales
+//          (two a word, channel 2i in the low half) and has no scale plane (per-channel K)
 //   recent [num_recent_pages][num_kv_heads][block_size][head_dim] bf16 (bf16 recent window)
 // One block table per sequence is shared by all layers: page p is page p in every layer's pool.
 // Token t of a sequence lives in the sink when t < sink_len (sink page sink_table[t / bs]),
@@ -64,6 +66,9 @@ struct CacheGeometry {
   // The plane (0 = K, 1 = V) a geometry from plane(kv) describes: int4_kivi groups K and V apart,
   // so its parameter planes differ in size. 0 (K's shape) in the cache-wide geometry.
   int plane_kv = 0;
+  // Set by plane(0) of an int4_outlier geometry: K's scales are per (page, head, channel), fp16, kept in
+  // the K outlier plane after the entries (channel_scale_index); such a plane has no scale plane.
+  bool channel_scales = false;
 
   KVQ_HD Format plane_format(int kv) const { return kv == 1 && mixed_kv ? v_format : format; }
   KVQ_HD CacheGeometry plane(int kv) const {
@@ -71,6 +76,7 @@ struct CacheGeometry {
     g.format = plane_format(kv);
     g.mixed_kv = false;
     g.plane_kv = kv;
+    g.channel_scales = kv == 0 && outlier_capacity > 0;
     return g;
   }
   // int4_kivi (quant/kivi_policy.h): a (scale, zero point) pair per group of a page head, K one per
@@ -97,7 +103,8 @@ struct CacheGeometry {
   }
   // Bytes of one (token, head) row of codes.
   KVQ_HD size_t row_code_bytes() const { return static_cast<size_t>(head_dim) * format_bits(format) / 8; }
-  KVQ_HD bool has_scales() const { return is_quantized(format); }
+  // Whether the plane has a scale plane (per_token_head / per_block_head / per_tensor scales).
+  KVQ_HD bool has_scales() const { return is_quantized(format) && !channel_scales; }
   KVQ_HD size_t scale_bytes() const { return scale_dtype == ScaleDtype::kFp16 ? 2 : 4; }
   // Number of scales per page (0 for per_tensor and unquantized formats; int4_kivi: scales and
   // zero points).
@@ -125,12 +132,21 @@ struct CacheGeometry {
     size_t n = granularity == ScaleGranularity::kPerTensor ? 1 : scales_per_page() * num_pages;
     return align_up(n * scale_bytes(), kPlaneAlignment);
   }
-  // Outlier plane: (1 + capacity) words per page head, the count first.
+  // Outlier plane: per page head the count, `capacity` entry words and, on a channel_scales (K)
+  // plane, head_dim / 2 words of fp16 channel scales.
+  KVQ_HD size_t outlier_stride() const {
+    return static_cast<size_t>(1 + outlier_capacity) + (channel_scales ? static_cast<size_t>(head_dim) / 2 : 0);
+  }
   KVQ_HD size_t outlier_words_per_page() const {
-    return outlier_capacity > 0 ? static_cast<size_t>(num_kv_heads) * (1 + outlier_capacity) : 0;
+    return outlier_capacity > 0 ? static_cast<size_t>(num_kv_heads) * outlier_stride() : 0;
   }
   KVQ_HD size_t outlier_index(int page, int head) const {
-    return (static_cast<size_t>(page) * num_kv_heads + head) * (1 + outlier_capacity);
+    return (static_cast<size_t>(page) * num_kv_heads + head) * outlier_stride();
+  }
+  // fp16 element index (load_scale / store_scale with kFp16 over the outlier plane) of channel 0's
+  // scale of (page, head); channel c's is this + c.
+  KVQ_HD size_t channel_scale_index(int page, int head) const {
+    return 2 * (outlier_index(page, head) + 1 + static_cast<size_t>(outlier_capacity));
   }
   KVQ_HD size_t outlier_plane_bytes() const {
     return align_up(outlier_words_per_page() * num_pages * sizeof(uint32_t), kPlaneAlignment);
@@ -256,7 +272,8 @@ struct BatchTablesView {
 // PagedKvCache::memory_report), nor is the plane padding to 128 bytes (< 128 bytes per plane).
 //
 // Exact bytes of one page index across all layers, K and V: codes plus scales (plus the outlier
-// plane of int4_outlier: 4 * num_kv_heads * (1 + block_size) more per layer and K/V), summed over the
+// planes of int4_outlier: 4 * num_kv_heads * (1 + block_size) more per layer for V, that plus
+// 2 * num_kv_heads * head_dim for K, whose per-channel fp16 scales replace its scale plane), summed over the
 // 2 * num_layers planes (each with its own format when spec.mixed()), each
 //   num_kv_heads * block_size * head_dim * bits / 8 + scales_per_page * scale bytes
 // with scales_per_page = num_kv_heads * block_size (per_token_head), num_kv_heads

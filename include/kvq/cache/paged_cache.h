@@ -46,7 +46,6 @@
 // - Sequence ids are small integers; a freed id is reused by a later add_sequence()/fork().
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
@@ -244,6 +243,13 @@ class PagedKvCache {
   void finalize_kivi_pages(Sequence& s, int layer, const std::function<bool(int)>& final_page);
   void quantize_kivi_page(int layer, int32_t page, int32_t twin);
   Status read_kivi_token(const Sequence& s, int layer, int u, float* k, float* v) const;
+  // int4_outlier (src/cache/outlier_rows.cpp): tokens [pos0, end) of one write in order (K
+  // statistics of sink rows; main rows with their page opening, statistics, codes and entries);
+  // one row of one page head under thresholds / channel scales `thr`; the channel scales and
+  // entries of one read-back row (codes already decoded, K's with scale 1).
+  void write_outlier_tokens(Sequence& s, int layer, int pos0, int end, const float* k, const float* v);
+  void write_outlier_row(int layer, int kv, int32_t page, int h, int slot, int filled, const float* x, const float* thr);
+  static void read_outliers(const CacheGeometry& plane, const uint32_t* words, int32_t page, int h, int slot, float* out);
   SeqId new_sequence_id();
   CacheGeometry plane_geom(int layer, int kv) const { return layer_geom_[static_cast<size_t>(layer)].plane(kv); }
   // per_tensor: stores layer plane `kv`'s scale for this amax in format `f` (policy.h, the spec's
@@ -263,7 +269,8 @@ class PagedKvCache {
   // from a rounded scale, and whether each layer's per_tensor K/V scale has been fixed.
   std::vector<float> block_amax_;
   std::vector<uint8_t> tensor_scale_set_;  // [layer][k/v]
-  std::vector<quant::ChannelStats> channel_stats_;  // int4_outlier thresholds, [layer][k/v]
+  std::vector<quant::ChannelStats> channel_stats_;  // int4_outlier V statistics, [layer]
+  std::vector<quant::ChannelStats> key_stats_;      // int4_outlier K statistics, [layer]
 };
 
 }  // namespace kvq::cache

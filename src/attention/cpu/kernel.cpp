@@ -244,11 +244,18 @@ void TileLoader::load_quantized(int seq, int head, int n, PartTile& tile) const 
     if (k_scaled_) tile.k_scale[u] = cache::load_scale(p_.layer.k_scales, si, g.scale_dtype);
     if (v_scaled_) tile.v_scale[u] = cache::load_scale(p_.layer.v_scales, si, g.scale_dtype);
     if (g.outlier_capacity > 0) {
-      // A sparse entry holds the value itself; the tile holds codes that the scale multiplies later.
+      // A sparse entry holds the value itself; the tile holds codes that the scale multiplies later
+      // (K's channel scales are applied here: its per-token scale is 1).
       for (int kv = 0; kv < 2; ++kv) {
-        const uint32_t* plane = (kv == 0 ? p_.layer.k_outliers : p_.layer.v_outliers) + g.outlier_index(page, head);
+        const cache::CacheGeometry& pg = kv == 0 ? k_geom_ : v_geom_;
+        const uint32_t* words = kv == 0 ? p_.layer.k_outliers : p_.layer.v_outliers;
         float* row_out = &(kv == 0 ? tile.k : tile.v)[static_cast<size_t>(u) * d];
         const float scale = kv == 0 ? tile.k_scale[u] : tile.v_scale[u];
+        if (pg.channel_scales) {
+          const size_t c0 = pg.channel_scale_index(page, head);
+          for (int c = 0; c < d; ++c) row_out[c] *= cache::load_scale(words, c0 + c, ScaleDtype::kFp16);
+        }
+        const uint32_t* plane = words + pg.outlier_index(page, head);
         for (uint32_t j = 0; j < plane[0]; ++j) {
           const quant::OutlierEntry e = quant::unpack_outlier(plane[1 + j]);
           if (e.index / d == slot) row_out[e.index % d] = format::fp16_to_float(e.value) / scale;

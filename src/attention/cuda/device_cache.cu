@@ -63,8 +63,11 @@ Result<DeviceLayer> DeviceLayer::create(const cache::CacheGeometry& g) {
   DeviceLayer l;
   l.geom_ = g;
   const bool block_amax = g.has_scales() && g.granularity == ScaleGranularity::kPerBlockHead;
-  // K and V planes each by their own geometry (int4_kivi's parameter planes differ in size).
-  const size_t sizes[10] = {g.plane(0).code_plane_bytes(),
+  // K and V planes each by their own geometry (int4_kivi's parameter planes differ in size, and
+  // int4_outlier's K has no scale plane).
+  const size_t channels = static_cast<size_t>(g.num_kv_heads) * g.head_dim;
+  const size_t stats = g.outlier_capacity > 0 ? cache::align_up(channels * 8 + (channels + 1) * 8, 128) : 0;
+  const size_t sizes[14] = {g.plane(0).code_plane_bytes(),
                            g.plane(1).code_plane_bytes(),
                            g.plane(0).scale_plane_bytes(),
                            g.plane(1).scale_plane_bytes(),
@@ -73,8 +76,12 @@ Result<DeviceLayer> DeviceLayer::create(const cache::CacheGeometry& g) {
                            block_amax ? cache::align_up(static_cast<size_t>(g.num_pages) * g.num_kv_heads * 4, 128) : 0,
                            block_amax ? cache::align_up(static_cast<size_t>(g.num_pages) * g.num_kv_heads * 4, 128) : 0,
                            g.recent_plane_bytes(),
-                           g.recent_plane_bytes()};
-  for (int i = 0; i < 10; ++i) {
+                           g.recent_plane_bytes(),
+                           g.plane(0).outlier_plane_bytes(),
+                           g.plane(1).outlier_plane_bytes(),
+                           stats,
+                           stats};
+  for (int i = 0; i < 14; ++i) {
     auto b = DeviceBuffer::create(sizes[i]);
     if (!b.is_ok()) return b.status();
     l.planes_[i] = std::move(b).value();
@@ -94,6 +101,11 @@ cache::LayerView DeviceLayer::view() const {
   if (geom_.num_recent_pages > 0) {
     v.k_recent = planes_[8].as<uint16_t>();
     v.v_recent = planes_[9].as<uint16_t>();
+  }
+  if (geom_.outlier_capacity > 0) {
+    v.k_scales = nullptr;  // K's scales are per channel, in its side plane
+    v.k_outliers = planes_[10].as<uint32_t>();
+    v.v_outliers = planes_[11].as<uint32_t>();
   }
   return v;
 }

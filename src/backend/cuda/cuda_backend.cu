@@ -59,9 +59,6 @@ Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
   if (!format_traits(g.format).device_ready)
     return unsupported(std::string("cuda ") + op + ": " + format_name(g.format) +
                        " caches are not supported by the CUDA backend; use int8 or fp8");
-  if (g.outlier_capacity > 0)
-    return unsupported(std::string("cuda ") + op +
-                       ": int4_outlier caches (sparse outlier planes) are CPU-only for now; use --backend cpu");
   if (g.num_kv_heads < 1) return invalid_argument(std::string("cuda ") + op + ": geometry has no kv heads");
   return Status::ok();
 }
@@ -103,6 +100,12 @@ class CudaCacheStorage final : public CacheStorage {
     out->v_recent.resize(geom_.recent_plane_bytes() / sizeof(uint16_t));
     KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kKRecent, out->k_recent.data(), geom_.recent_plane_bytes()));
     KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVRecent, out->v_recent.data(), geom_.recent_plane_bytes()));
+    for (int kv = 0; kv < 2; ++kv) {
+      auto& o = kv == 0 ? out->k_outliers : out->v_outliers;
+      const size_t bytes = geom_.plane(kv).outlier_plane_bytes();
+      o.resize(bytes / sizeof(uint32_t));
+      KVQ_RETURN_IF_ERROR(d.download(kv == 0 ? kc::Plane::kKOutliers : kc::Plane::kVOutliers, o.data(), bytes));
+    }
     return Status::ok();
   }
 
@@ -391,6 +394,16 @@ class CudaBackend final : public Backend {
     const kc::DeviceLayer& d = st.device_layer(a.layer);
     if (fast_shape(g)) {
       KVQ_RETURN_IF_ERROR(kc::run(write_args(a, st), write_ws_.get(), stream_));
+    } else if (g.outlier_capacity > 0) {
+      cuda_ops::OutlierWriteParams p{};
+      p.geom = g;
+      p.layer = d.view();
+      p.in[0] = a.k, p.in[1] = a.v;
+      p.slots = a.slot_mapping;
+      p.n = a.rows;
+      for (int kv = 0; kv < 2; ++kv) p.sum[kv] = d.stats_sum(kv), p.count[kv] = d.stats_count(kv);
+      cuda_ops::outlier_write_kernel<<<1, 1, 0, stream_>>>(p);
+      KVQ_RETURN_IF_ERROR(launch_status("cuda cache write (int4_outlier)"));
     } else {
       cuda_ops::GenericWriteParams p{};
       p.geom = g;

@@ -195,8 +195,8 @@ inline Status poison_unowned(cache::PagedKvCache& c, const std::vector<cache::Se
       const size_t b0 = g.code_offset(page, h, from);
       const size_t b1 = g.code_offset(page, h, bs - 1) + g.row_code_bytes();
       for (size_t b = b0; b < b1; ++b) lv.k_codes[b] = lv.v_codes[b] = poison_code_byte(g.format, b);
-      auto poison_scale = [&](size_t i) {
-        cache::store_scale(lv.k_scales, i, nan, g.scale_dtype);
+      auto poison_scale = [&](size_t i) {  // int4_outlier's K has channel scales instead (no plane)
+        if (lv.k_scales != nullptr) cache::store_scale(lv.k_scales, i, nan, g.scale_dtype);
         cache::store_scale(lv.v_scales, i, nan, g.scale_dtype);
       };
       if (per_slot_scales)

@@ -39,7 +39,11 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-enum class Plane : uint8_t { kKCodes, kVCodes, kKScales, kVScales, kKSink, kVSink, kKAmax, kVAmax, kKRecent, kVRecent };
+enum class Plane : uint8_t {
+  kKCodes, kVCodes, kKScales, kVScales, kKSink, kVSink, kKAmax, kVAmax, kKRecent, kVRecent,
+  kKOutliers, kVOutliers,  // int4_outlier side planes (layout.h)
+  kKStats, kVStats,        // int4_outlier running statistics: [C] double sums of squares, [C + 1] uint64 counts
+};
 
 // One layer of a paged cache on the device, zero-filled at creation. The per_block_head amax
 // planes ([num_pages][num_kv_heads] floats) are the device twin of the host cache's private
@@ -52,6 +56,13 @@ class DeviceLayer {
   cache::LayerView view() const;
   float* k_block_amax() const { return planes_[6].as<float>(); }
   float* v_block_amax() const { return planes_[7].as<float>(); }
+  // int4_outlier's statistics of K (kv 0) or V (kv 1), C = num_kv_heads * head_dim channels
+  // (quant/outlier.h's stats_add_row layout); null for other caches.
+  double* stats_sum(int kv) const { return planes_[12 + kv].as<double>(); }
+  uint64_t* stats_count(int kv) const {
+    double* s = stats_sum(kv);
+    return s == nullptr ? nullptr : reinterpret_cast<uint64_t*>(s + static_cast<size_t>(geom_.num_kv_heads) * geom_.head_dim);
+  }
   size_t plane_bytes(Plane p) const { return planes_[static_cast<int>(p)].size(); }
   Status upload(Plane p, const void* host, size_t bytes);
   Status download(Plane p, void* host, size_t bytes) const;
@@ -61,7 +72,7 @@ class DeviceLayer {
 
  private:
   cache::CacheGeometry geom_;
-  DeviceBuffer planes_[10];
+  DeviceBuffer planes_[14];
 };
 
 // Padded batch tables on the device (see cache::BatchTablesView).

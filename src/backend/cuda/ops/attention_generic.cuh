@@ -16,6 +16,7 @@
 #include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
 #include "kvq/quant/kivi_policy.h"
+#include "kvq/quant/outlier.h"
 #include "kvq/quant/policy.h"
 
 namespace kvq::backend::cuda_ops {
@@ -168,6 +169,82 @@ __global__ void __launch_bounds__(32) generic_write_kernel(const GenericWritePar
   }
 }
 
+// int4_outlier's write (quant/outlier.h, the host's PagedKvCache::write_outlier_tokens): one
+// thread walks the rows in order, so the running statistics, the page openings and the entries
+// advance exactly as on the host, through the same __host__ __device__ row functions. Correct, not
+// fast: the statistics are a sequential recurrence. Writes append (a row's slot drops the page
+// head's entries at and after it), which is what the engine does.
+struct OutlierWriteParams {
+  cache::CacheGeometry geom;
+  cache::LayerView layer;
+  const float* in[2];  // [n][heads][head_dim] fp32
+  const int32_t* slots;
+  int n;
+  double* sum[2];      // DeviceLayer::stats_sum / stats_count, K and V
+  uint64_t* count[2];
+};
+
+__device__ inline void outlier_row(const cache::CacheGeometry& g, bool is_k, const cache::LayerView& l, int page,
+                                   int h, int slot, const float* x, const float* thr) {
+  const int d = g.head_dim;
+  uint32_t* plane = (is_k ? l.k_outliers : l.v_outliers) + g.outlier_index(page, h);
+  uint32_t* words = plane + 1;
+  int count = 0;
+  for (uint32_t j = 0; j < plane[0]; ++j)
+    if (quant::unpack_outlier(words[j]).index / d < slot) words[count++] = words[j];
+  const int room = quant::fair_share(g.outlier_capacity - count, g.block_size - slot);
+  uint8_t* codes = (is_k ? l.k_codes : l.v_codes) + g.code_offset(page, h, slot);
+  if (is_k) {
+    quant::key_row(x, d, thr, slot, room, codes, words, &count);
+  } else {
+    quant::value_row(x, d, thr, slot, room, codes, static_cast<float*>(l.v_scales) + g.scale_index(page, h, slot), words,
+                     &count);
+  }
+  plane[0] = static_cast<uint32_t>(count);
+}
+
+__global__ void __launch_bounds__(1) outlier_write_kernel(const OutlierWriteParams p) {
+  const cache::CacheGeometry kg = p.geom.plane(0), vg = p.geom.plane(1);
+  const int d = kg.head_dim, heads = kg.num_kv_heads, bs = kg.block_size, C = heads * d;
+  float thr[kMaxGenericHeadDim];
+  for (int t = 0; t < p.n; ++t) {
+    const int32_t s = p.slots[t];
+    const float* krow = p.in[0] + size_t(t) * C;
+    const float* vrow = p.in[1] + size_t(t) * C;
+    const int page = cache::slot_page(s, bs), slot = cache::slot_in_page(s, bs);
+    if (cache::slot_is_sink(s)) {
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < d; ++i) {
+          const size_t e = kg.elem_index(page, h, slot) + i;
+          p.layer.k_sink[e] = attention::cuda::detail::store16<Format::kBf16>(krow[h * d + i]);
+          p.layer.v_sink[e] = attention::cuda::detail::store16<Format::kBf16>(vrow[h * d + i]);
+        }
+      quant::stats_add_row(p.sum[0], p.count[0], krow, C);
+      continue;
+    }
+    bool counted = false;
+    if (slot == 0) {  // the page opens: K channel scales from the rows before it
+      if (p.count[0][C] == 0) {
+        quant::stats_add_row(p.sum[0], p.count[0], krow, C);
+        counted = true;
+      }
+      for (int h = 0; h < heads; ++h)
+        for (int c = 0; c < d; ++c)
+          cache::store_scale(p.layer.k_outliers, kg.channel_scale_index(page, h) + c,
+                             quant::key_channel_scale(p.sum[0][h * d + c], p.count[0][h * d + c]), ScaleDtype::kFp16);
+    }
+    if (!counted) quant::stats_add_row(p.sum[0], p.count[0], krow, C);
+    quant::stats_add_row(p.sum[1], p.count[1], vrow, C);
+    for (int h = 0; h < heads; ++h) {
+      for (int c = 0; c < d; ++c)
+        thr[c] = cache::load_scale(p.layer.k_outliers, kg.channel_scale_index(page, h) + c, ScaleDtype::kFp16);
+      outlier_row(kg, true, p.layer, page, h, slot, krow + h * d, thr);
+      for (int c = 0; c < d; ++c) thr[c] = quant::value_threshold(p.sum[1][h * d + c], p.count[1][h * d + c]);
+      outlier_row(vg, false, p.layer, page, h, slot, vrow + h * d, thr);
+    }
+  }
+}
+
 // The bf16 copies of a write's rows into their recent-window twins (block = one row; slots[row] < 0:
 // none), with the writer's bf16 rounding, so host and device twins agree bit for bit.
 struct RecentWriteParams {
@@ -212,7 +289,7 @@ struct TokRef {
   unsigned long long elem;
   float ks, vs;
   int where;  // kTokCodes | kTokSink | kTokRecent
-  int page, head, slot;  // int4_kivi codes: where its per-channel / per-token parameters are
+  int page, head, slot;  // codes: where int4_kivi's parameters and int4_outlier's side planes are
 };
 
 template <Format F>
@@ -233,7 +310,7 @@ __device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq,
   TokRef t{g.code_offset(page, kvh, slot), 1.f, 1.f, kTokCodes, page, kvh, slot};
   if constexpr (F != Format::kBf16 && F != Format::kFp16 && F != Format::kInt4Kivi) {
     const size_t si = g.scale_index(page, kvh, slot);  // per_tensor: 0
-    t.ks = cache::load_scale(p.layer.k_scales, si, g.scale_dtype);
+    if (g.outlier_capacity == 0) t.ks = cache::load_scale(p.layer.k_scales, si, g.scale_dtype);  // else per channel
     t.vs = cache::load_scale(p.layer.v_scales, si, g.scale_dtype);
   }
   return t;
@@ -247,7 +324,19 @@ __device__ __forceinline__ float tok_value(const GenericAttendParams& p, bool is
   const uint8_t* c = is_v ? p.layer.v_codes : p.layer.k_codes;
   if constexpr (F == Format::kBf16) return format::bf16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
   else if constexpr (F == Format::kFp16) return format::fp16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
-  else if constexpr (F == Format::kInt4) return float(format::int4_at(c + t.elem, size_t(i))) * (is_v ? t.vs : t.ks);
+  else if constexpr (F == Format::kInt4) {
+    const float code = float(format::int4_at(c + t.elem, size_t(i)));
+    if (p.geom.outlier_capacity == 0) return code * (is_v ? t.vs : t.ks);
+    // int4_outlier (as the CPU's TileLoader): K per channel, V per token, then the entries.
+    const cache::CacheGeometry g = p.geom.plane(is_v ? 1 : 0);
+    const uint32_t* words = is_v ? p.layer.v_outliers : p.layer.k_outliers;
+    const uint32_t* plane = words + g.outlier_index(t.page, t.head);
+    for (uint32_t j = 0; j < plane[0]; ++j) {
+      const quant::OutlierEntry e = quant::unpack_outlier(plane[1 + j]);
+      if (e.index == t.slot * g.head_dim + i) return format::fp16_to_float(e.value);
+    }
+    return is_v ? code * t.vs : code * cache::load_scale(words, g.channel_scale_index(t.page, t.head) + i, ScaleDtype::kFp16);
+  }
   else if constexpr (F == Format::kInt4Kivi) {  // K's parameters per channel, V's per token
     const cache::CacheGeometry g = p.geom.plane(is_v ? 1 : 0);
     const void* prm = is_v ? p.layer.v_scales : p.layer.k_scales;
