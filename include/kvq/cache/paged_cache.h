@@ -46,6 +46,7 @@
 // - Sequence ids are small integers; a freed id is reused by a later add_sequence()/fork().
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -231,8 +232,6 @@ class PagedKvCache {
   // Quantizes slots [slot0, slot1) of main block `block`; k/v point at slot0's input row.
   void write_main_page(Sequence& s, int layer, int block, int slot0, int slot1, const float* k,
                        const float* v);
-  void write_outlier_rows(int layer, int kv, int32_t page, int h, int slot0, int slot1, int filled,
-                          const std::function<const float*(int)>& row);
   // int4_kivi (src/cache/kivi_pages.cpp): a main page's codes are written once, from its bf16 twin,
   // when layout.h's kivi_page_final says a query reads them (or, at the latest, before the twin is
   // released); before that only the twin holds the page's data.
