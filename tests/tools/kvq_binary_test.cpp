@@ -145,6 +145,28 @@ TEST(KvqBinary, OldBenchSpellingsStillWorkWithANotice) {
   EXPECT_NE(r.err.find("unknown --kv-cache-dtype 'fp9'"), std::string::npos) << r.err;
 }
 
+// --max-windows N evaluates N windows even where N windows exceed the default token budget (4096);
+// an explicit --max-tokens still caps them. stories260K at ctx 512: 10 windows = 5120 tokens.
+TEST(KvqBinary, EvalMaxWindowsIsNotCutByTheDefaultBudget) {
+  const std::string text = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/tinystories_valid_head.txt";
+  if (!std::ifstream(text).good()) GTEST_SKIP() << "needs ../shared/models/stories260K";
+  const std::string json = std::string(KVQ_TEST_BINARY_DIR) + "/eval_windows_" + std::to_string(getpid()) + ".json";
+  auto windows = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"eval", "--model", "stories260K", "--text", text, "--ctx", "512",
+                                     "--kv-cache-dtype", "bf16", "--backend", "cpu", "--quiet", "--json", json};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Ran r = kvq(args);
+    EXPECT_EQ(r.rc, 0) << r.err;
+    const std::string report = slurp(json);
+    const std::string key = "\n  \"windows\": ";  // the top-level count (specs have per-window lists)
+    const size_t at = report.find(key);
+    return at == std::string::npos ? -1 : std::atoi(report.c_str() + at + key.size());
+  };
+  EXPECT_EQ(windows({"--max-windows", "10"}), 10);
+  EXPECT_EQ(windows({"--max-windows", "10", "--max-tokens", "2048"}), 4);
+  EXPECT_EQ(windows({}), 8);  // the default budget: 4096 tokens
+}
+
 TEST(KvqBinary, SamplingIsCheckedBeforeTheModelLoads) {
   const Ran r = kvq({"generate", "--model", "/nonexistent/model.gguf", "--top-p", "1.5"});
   EXPECT_NE(r.rc, 0);

@@ -295,8 +295,11 @@ const RegisterCommand kRegister{{[](CLI::App& app) -> std::function<int()> {
   c->add_option("--auto-start", o->auto_start, "first format `auto` tries before falling back to int8, then bf16")
       ->capture_default_str();
   c->add_option("--ctx", o->ctx, "tokens per window, BOS included (default: 2048 or the model's context)");
-  c->add_option("--max-windows", o->max_windows, "at most N windows (0: no limit)")->capture_default_str();
-  c->add_option("--max-tokens", o->max_tokens, "window-token budget per spec (0: the whole text)")->capture_default_str();
+  auto* max_windows = c->add_option("--max-windows", o->max_windows, "at most N windows (0: no limit)")->capture_default_str();
+  auto* max_tokens = c->add_option("--max-tokens", o->max_tokens,
+                                   "window-token budget per spec (0: the whole text; the default budget is dropped "
+                                   "when --max-windows is given)")
+                         ->capture_default_str();
   c->add_option("--chunk", o->chunk, "tokens per forward call (logits of one chunk per runner are kept)")
       ->capture_default_str();
   c->add_option("--threads", o->threads, "threads comparing logits (0: all cores, at most 8)")->capture_default_str();
@@ -338,8 +341,11 @@ const RegisterCommand kRegister{{[](CLI::App& app) -> std::function<int()> {
   // Validation only (scripts/validate_llamacpp.py): bf16-cache logits of window 0, then exit.
   c->add_option("--dump-logits", o->dump_logits)->group("");
   c->add_option("--dump-tokens", o->dump_tokens)->group("");
-  return [o]() {
+  return [o, max_windows, max_tokens]() {
     o->command_line = command_line();
+    // An explicit window count is what the user asked for: the default token budget (two windows at
+    // 2048) must not cut it short silently. An explicit --max-tokens still caps it.
+    if (max_windows->count() > 0 && max_tokens->count() == 0) o->max_tokens = 0;
     return run_eval_cmd(*o);
   };
 }}};
