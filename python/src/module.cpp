@@ -235,8 +235,12 @@ void dequantize_pages(KvCache& c, int layer, InArray pages, bool sink, OutArray 
   const size_t code_bytes = D * static_cast<size_t>(format_bits(g.format)) / 8;
   float* outs[2] = {static_cast<float*>(k_out.data()), static_cast<float*>(v_out.data())};
   for (int kv = 0; kv < 2; ++kv) {
+    // Each plane by its own geometry: int4_outlier's K is per channel (no scale plane; channel scales
+    // and sparse entries in its side plane).
+    const cache::CacheGeometry pg = g.plane(kv);
     const uint8_t* codes = kv == 0 ? planes.k_codes.data() : planes.v_codes.data();
     const float* scales = kv == 0 ? planes.k_scales.data() : planes.v_scales.data();
+    const uint32_t* side = kv == 0 ? planes.k_outliers.data() : planes.v_outliers.data();
     const uint16_t* sinks = kv == 0 ? planes.k_sink.data() : planes.v_sink.data();
     float* o = outs[kv];
     for (int64_t i = 0; i < n; ++i)
@@ -246,8 +250,9 @@ void dequantize_pages(KvCache& c, int layer, InArray pages, bool sink, OutArray 
           if (sink) {
             quant::dequantize_row(Format::kBf16, reinterpret_cast<const uint8_t*>(sinks + e), g.head_dim, 1.f, o);
           } else {
-            const float scale = g.has_scales() ? cache::load_scale(scales, g.scale_index(ids[i], h, s), g.scale_dtype) : 1.f;
-            quant::dequantize_row(g.format, codes + e / D * code_bytes, g.head_dim, scale, o);
+            const float scale = pg.has_scales() ? cache::load_scale(scales, pg.scale_index(ids[i], h, s), pg.scale_dtype) : 1.f;
+            quant::dequantize_row(pg.format, codes + e / D * code_bytes, pg.head_dim, scale, o);
+            if (pg.outlier_capacity > 0) cache::PagedKvCache::read_outliers(pg, side, ids[i], h, s, o);
           }
         }
   }

@@ -117,6 +117,31 @@ def test_dequantize_pages_is_code_times_scale(dtype):
     assert np.array_equal(ks[0], kvq.decode(cache.key_sink()[cache.batch_tables(list(seqs))["sink_tables"][0][0]], "bf16"))
 
 
+def test_dequantize_pages_applies_int4_outlier_channel_scales_and_entries():
+    # int4_outlier keeps K per channel (scales in its side plane, from the running statistics that the
+    # sink rows start) and values beyond the grid as fp16 entries: the main pages read back near the
+    # written values (int4 noise; read as code x 1 they would be ~3x off), the spikes to fp16 precision.
+    rng = np.random.default_rng(13)
+    cache = make_cache("int4_outlier", "per_token_head", dim=64, sink=16)
+    s = cache.add_sequence()
+    n = 16 + 32
+    cache.extend(s, n)
+    k = rng.standard_normal((n, 2, 64)).astype(np.float32)
+    k[:, :, 5] += 6.0  # a channel that is large in every token
+    v = rng.standard_normal((n, 2, 64)).astype(np.float32)
+    k[23, 1, 20] = 40.0  # spikes: sparse entries
+    v[35, 0, 3] = -35.0
+    kvq.reshape_and_cache(k, v, cache, cache.slot_mapping(s, 0, n))
+    pages = cache.batch_tables([s])["block_tables"][0][:2]
+    kd, vd = kvq.dequantize_pages(cache, pages)
+    got_k = kd.transpose(0, 2, 1, 3).reshape(32, 2, 64)
+    got_v = vd.transpose(0, 2, 1, 3).reshape(32, 2, 64)
+    for got, want in ((got_k, k[16:]), (got_v, v[16:])):
+        assert np.all(np.isfinite(got))
+        assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.25
+    assert abs(got_k[7, 1, 20] - 40.0) < 0.05 and abs(got_v[19, 0, 3] + 35.0) < 0.05
+
+
 def test_fork_shares_pages_and_writes_stay_private():
     rng = np.random.default_rng(12)
     cache = make_cache("fp8", "per_token_head")

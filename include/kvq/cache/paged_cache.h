@@ -204,6 +204,11 @@ class PagedKvCache {
   // the same scales. Host bookkeeping, not one of the 128-byte aligned planes.
   const float* block_amax_plane(int layer, int kv) const;
 
+  // int4_outlier: patches one row read back from the codes of `plane` (K decoded with scale 1, V with
+  // its scale) with K's channel scales and the page head's sparse entries in `words` (that plane's
+  // side plane). For readers of downloaded planes (the Python module's dequantize_pages).
+  static void read_outliers(const CacheGeometry& plane, const uint32_t* words, int32_t page, int h, int slot, float* out);
+
  private:
   PagedKvCache() = default;
   struct Sequence {
@@ -248,7 +253,6 @@ class PagedKvCache {
   // entries of one read-back row (codes already decoded, K's with scale 1).
   void write_outlier_tokens(Sequence& s, int layer, int pos0, int end, const float* k, const float* v);
   void write_outlier_row(int layer, int kv, int32_t page, int h, int slot, int filled, const float* x, const float* thr);
-  static void read_outliers(const CacheGeometry& plane, const uint32_t* words, int32_t page, int h, int slot, float* out);
   SeqId new_sequence_id();
   CacheGeometry plane_geom(int layer, int kv) const { return layer_geom_[static_cast<size_t>(layer)].plane(kv); }
   // per_tensor: stores layer plane `kv`'s scale for this amax in format `f` (policy.h, the spec's
