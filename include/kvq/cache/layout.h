@@ -33,6 +33,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__CUDACC__)
+#include <cuda_fp16.h>
+#endif
+
 #include "kvq/common/macros.h"
 #include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
@@ -181,10 +185,30 @@ KVQ_HD int recent_first_main(int q_pos, int sink_len, int main_len, int recent_t
 // Element i of a scale plane of dtype d, widened to float. fp16 planes hold the bits of values
 // quant::stored_scale made exactly representable, so store then load returns the same float.
 // The host copies bytes (its planes are float storage whatever the dtype: no type punning).
+// The dtype as a template argument: what a kernel's inner loop calls once it has dispatched on the
+// dtype (a run-time choice there costs a branch per scale). The device widens fp16 with the hardware
+// conversion, which is exact like fp16_to_float.
+template <ScaleDtype D>
+KVQ_HD float load_scale(const void* plane, size_t i) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (D == ScaleDtype::kFp16) return __half2float(static_cast<const __half*>(plane)[i]);
+  return static_cast<const float*>(plane)[i];
+#else
+  const auto* b = static_cast<const unsigned char*>(plane);
+  if constexpr (D == ScaleDtype::kFp16) {
+    uint16_t h;
+    std::memcpy(&h, b + i * 2, 2);
+    return format::fp16_to_float(h);
+  }
+  float f;
+  std::memcpy(&f, b + i * 4, 4);
+  return f;
+#endif
+}
 KVQ_HD float load_scale(const void* plane, size_t i, ScaleDtype d) {
 #if defined(__CUDA_ARCH__)
-  if (d == ScaleDtype::kFp16) return format::fp16_to_float(static_cast<const uint16_t*>(plane)[i]);
-  return static_cast<const float*>(plane)[i];
+  if (d == ScaleDtype::kFp16) return load_scale<ScaleDtype::kFp16>(plane, i);
+  return load_scale<ScaleDtype::kFp32>(plane, i);
 #else
   const auto* b = static_cast<const unsigned char*>(plane);
   if (d == ScaleDtype::kFp16) {

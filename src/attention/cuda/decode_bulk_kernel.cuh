@@ -11,7 +11,7 @@
 // its per-token scales, so one thread can request a whole page with four bulk copies; the ring
 // keeps up to kMaxStages pages per CTA in flight at no register cost.
 //
-// Ring protocol, stage s = page i % S of the split, use u = i / S:
+// Ring protocol, stage s = page i % S of the split, use u = i / S (both stepped, never divided):
 //   producer: wait empty[s] (phase u-1), write the page id, arrive.expect_tx(full[s], bytes), copies
 //   consumer warp i % 4: wait full[s] (phase u), read the tiles, arrive empty[s]
 // S is a multiple of the consumer count, so a stage always has the same consumer: a waiter is then
@@ -45,9 +45,9 @@ KVQ_HD int bulk_stage_bytes(const cache::CacheGeometry& g) {
   return static_cast<int>(cache::align_up(static_cast<size_t>(2 * tile + 2 * bulk_scale_bytes(g)), 128));
 }
 
-template <Format F, int D, ScaleMode SM>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD>
 __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in_page, int bs, int scale_sub,
-                                               ScaleDtype sd, int lane, Payload<F, D>& pl) {
+                                               int lane, Payload<F, D>& pl) {
   static_assert(Path<F>::kBits <= 8, "the bulk kernel reads 8- and 4-bit tiles");
   constexpr int kKW = TileShape<F, D>::kKWords, kVW = TileShape<F, D>::kVWords;
   constexpr int kRow = D * Path<F>::kBits / 8;  // bytes of one token's codes
@@ -84,10 +84,10 @@ __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in
     const uint8_t* ks = stage + 2 * bs * kRow;
     // scale_sub < 0: per-token scales (slot index); else the page's scale inside its 16-byte chunk.
     // sb: scales in one K run (the V run follows it).
-    const int sb = scale_sub < 0 ? bs : (sd == ScaleDtype::kFp16 ? 8 : 4);
+    const int sb = scale_sub < 0 ? bs : (SD == ScaleDtype::kFp16 ? 8 : 4);
     const int i0 = scale_sub < 0 ? slot0 + 2 * t : scale_sub, i1 = scale_sub < 0 ? i0 + 1 : scale_sub;
-    pl.ks0 = cache::load_scale(ks, i0, sd), pl.ks1 = cache::load_scale(ks, i1, sd);
-    pl.vs0 = cache::load_scale(ks, sb + i0, sd), pl.vs1 = cache::load_scale(ks, sb + i1, sd);
+    pl.ks0 = cache::load_scale<SD>(ks, i0), pl.ks1 = cache::load_scale<SD>(ks, i1);
+    pl.vs0 = cache::load_scale<SD>(ks, sb + i0), pl.vs1 = cache::load_scale<SD>(ks, sb + i1);
   }
 }
 
@@ -102,34 +102,41 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full,
   const uint32_t tile = static_cast<uint32_t>(p.block_size) * kRow;  // bulk_tile_bytes
   const uint32_t sbytes = SM == ScaleMode::kToken ? static_cast<uint32_t>(bulk_scale_bytes(p.geom)) : 0;
   const int S = p.ring_stages;
+  // Page i of the split goes to stage s = i % S in its use u = i / S; both are stepped, not divided
+  // (a 32-bit division by the run-time S sat on the path from one page to the next).
+  int s = 0, use = 0;
   for (int base = 0; base < n_pages; base += 32) {
     const int mine = base + lane < n_pages ? __ldg(table + base + lane) : 0;
     const int n = min(32, n_pages - base);
     for (int j = 0; j < n; ++j) {
-      const int i = base + j, s = i % S, use = i / S;
       const int page = __shfl_sync(0xffffffffu, mine, j);
       if (lane == 0) {
-        if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
-        uint8_t* st = ring + static_cast<size_t>(s) * p.stage_bytes;
-        page_ids[s] = page;
-        mbar_arrive_expect_tx(&full[s], 2 * tile + 2 * sbytes);
+        // Addresses first: only the copies have to wait for the stage to be free.
         const size_t e = p.geom.elem_index(page, w.kv_head, 0) / D * kRow;  // code_offset, D and bits known here
-        bulk_copy_g2s(st, p.k_codes + e, tile, &full[s]);
-        bulk_copy_g2s(st + tile, p.v_codes + e, tile, &full[s]);
+        size_t off = 0;
         if constexpr (SM == ScaleMode::kToken) {
           size_t si = p.geom.scale_index(page, w.kv_head, 0);
           // per_block_head: the 16-byte chunk holding the page head's scale (4 fp32 or 8 fp16).
           if (p.geom.granularity != ScaleGranularity::kPerTokenHead) si &= ~(16 / p.geom.scale_bytes() - 1);
-          const size_t off = si * p.geom.scale_bytes();
+          off = si * p.geom.scale_bytes();
+        }
+        uint8_t* st = ring + static_cast<size_t>(s) * p.stage_bytes;
+        if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
+        page_ids[s] = page;
+        mbar_arrive_expect_tx(&full[s], 2 * tile + 2 * sbytes);
+        bulk_copy_g2s(st, p.k_codes + e, tile, &full[s]);
+        bulk_copy_g2s(st + tile, p.v_codes + e, tile, &full[s]);
+        if constexpr (SM == ScaleMode::kToken) {
           bulk_copy_g2s(st + 2 * tile, static_cast<const uint8_t*>(p.k_scales) + off, sbytes, &full[s]);
           bulk_copy_g2s(st + 2 * tile + sbytes, static_cast<const uint8_t*>(p.v_scales) + off, sbytes, &full[s]);
         }
       }
+      if (++s == S) s = 0, ++use;
     }
   }
 }
 
-template <Format F, int D, ScaleMode SM>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD>
 __device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs& a, const uint4* qf, uint64_t* full,
                         uint64_t* empty, const int* page_ids, const uint8_t* ring, int warp, int lane,
                         State<D>& st) {
@@ -137,9 +144,12 @@ __device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs&
   const int pg0 = w.main_t0 / tpp, n_pages = (w.main_t1 + tpp - 1) / tpp - pg0;
   const bool per_token = p.geom.granularity == ScaleGranularity::kPerTokenHead;
   const int S = p.ring_stages;
+  // Page i = warp + 4k sits in stage i % S, phase (i / S) & 1; S is a multiple of kDecodeWarps, so
+  // stepping by kDecodeWarps wraps exactly at S.
+  int s = warp;
+  uint32_t phase = 0;
   for (int i = warp; i < n_pages; i += kDecodeWarps) {
-    const int s = i % S;
-    mbar_wait(&full[s], (i / S) & 1);
+    mbar_wait(&full[s], phase);
     const uint8_t* stage = ring + static_cast<size_t>(s) * p.stage_bytes;
     int scale_sub = -1;
     if constexpr (SM == ScaleMode::kToken) {
@@ -150,11 +160,13 @@ __device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs&
       const int tile = (pg0 + i) * tpp + k;
       if (tile >= w.main_t1) break;
       Payload<F, D> pl[2];
-      load_tile_smem<F, D, SM>(stage, k, bs, scale_sub, p.geom.scale_dtype, lane, pl[0]);
-      load_tile_smem<F, D, SM>(stage, k + 1, bs, scale_sub, p.geom.scale_dtype, lane, pl[1]);
+      load_tile_smem<F, D, SM, SD>(stage, k, bs, scale_sub, lane, pl[0]);
+      load_tile_smem<F, D, SM, SD>(stage, k + 1, bs, scale_sub, lane, pl[1]);
       compute_tiles<F, D, SM, 2>(pl, qf, a, tile, lane, st);
     }
     mbar_arrive(&empty[s]);  // every lane: each releases its own reads of the stage
+    s += kDecodeWarps;
+    if (s >= S) s -= S, phase ^= 1u;
   }
 }
 
@@ -189,7 +201,16 @@ __global__ void __launch_bounds__(kBulkThreads, kMinCtas) decode_bulk_kernel(con
   } else {
     // The ring fills while the consumers attend the sink tiles.
     run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
-    consume<F, D, SM>(p, w, main_args<SM>(p, w, unscale), sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
+    // One branch on the scale dtype here instead of one per scale read in the page loop.
+    const PartArgs a = main_args<SM>(p, w, unscale);
+    bool half_scales = false;
+    if constexpr (SM == ScaleMode::kToken) half_scales = p.geom.scale_dtype == ScaleDtype::kFp16;
+    if (half_scales) {
+      if constexpr (SM == ScaleMode::kToken)
+        consume<F, D, SM, ScaleDtype::kFp16>(p, w, a, sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
+    } else {
+      consume<F, D, SM, ScaleDtype::kFp32>(p, w, a, sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
+    }
   }
   merge_and_store<D>(p, w, sm, st, warp, lane);
 }

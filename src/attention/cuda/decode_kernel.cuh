@@ -67,6 +67,7 @@ struct Path {
   static constexpr int kBytes = kBits == 16 ? 2 : 1;  // per code (int4: two codes per byte)
   static constexpr bool kBf16Mma = F == Format::kBf16;
   static constexpr bool kInt4 = F == Format::kInt4;
+  static constexpr bool kFiniteCodes = F == Format::kInt8 || F == Format::kInt4;  // no code decodes to NaN/inf
 
   // Head-dim element that lane t's K words feed to contraction row r of QK mma M, r = 0..3 for the
   // rows 2t, 2t+1, 2t+8, 2t+9 (what build_q_frags puts there). Lane t holds K pieces t, t+4, ...
@@ -264,15 +265,15 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
   // Online softmax: denominator over s, numerator over u = s + log2(v scale).
   const float m_new = fmaxf(st.m, warp_max_xor(smax, 2));
   const float m_use = m_new == kNegInf ? 0.f : m_new;
-  const float alpha = exp2f(st.m - m_use);
+  const float alpha = fast_exp2(st.m - m_use);
   float lsum = 0.f;
 #pragma unroll
-  for (int n = 0; n < N; ++n) lsum += exp2f(s0[n] - m_use) + exp2f(s1[n] - m_use);
+  for (int n = 0; n < N; ++n) lsum += fast_exp2(s0[n] - m_use) + fast_exp2(s1[n] - m_use);
   st.l = st.l * alpha + lsum;
   st.m = m_new;
   const float mv_new = fmaxf(st.mv, warp_max_xor(umax, 2));
   const float mv_use = mv_new == kNegInf ? 0.f : mv_new;
-  const float beta = exp2f(st.mv - mv_use);
+  const float beta = fast_exp2(st.mv - mv_use);
   st.mv = mv_new;
 
   // Rescale O (heads 2t, 2t+1 live in this lane; their factors in lanes 8t and 8t + 4).
@@ -289,27 +290,55 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
   }
 
   constexpr int kVW = TileShape<F, D>::kVWords;
+  uint32_t p_hi[N], p_lo[N];
+  uint32_t va[N][kVW], vb[N][kVW];
 #pragma unroll
   for (int n = 0; n < N; ++n) {
-    uint32_t p_hi, p_lo;
-    split2<P::kBf16Mma>(exp2f(u0[n] - mv_use), exp2f(u1[n] - mv_use), p_hi, p_lo);
-    // Unwritten slots of a partial tile may hold anything (NaN codes): zero their V.
-    uint32_t va[kVW], vb[kVW];
+    split2<P::kBf16Mma>(fast_exp2(u0[n] - mv_use), fast_exp2(u1[n] - mv_use), p_hi[n], p_lo[n]);
+    // Unwritten slots of a partial tile may hold anything: floating-point codes can be NaN, which a
+    // zero probability does not cancel, so their V is zeroed. Integer codes are finite, and their
+    // zero weight (u = -inf above) already removes them.
 #pragma unroll
     for (int i = 0; i < kVW; ++i) {
-      va[i] = ok0[n] ? pl_in[n].va[i] : 0u;
-      vb[i] = ok1[n] ? pl_in[n].vb[i] : 0u;
+      if constexpr (P::kFiniteCodes) {
+        va[n][i] = pl_in[n].va[i], vb[n][i] = pl_in[n].vb[i];
+      } else {
+        va[n][i] = ok0[n] ? pl_in[n].va[i] : 0u;
+        vb[n][i] = ok1[n] ? pl_in[n].vb[i] : 0u;
+      }
     }
+  }
+  if constexpr (N == 2) {
+    // Two tiles are one k = 16 contraction: the m16n8k16 A fragment is the two m16n8k8 A fragments
+    // side by side (tokens 0-7, then 8-15) and its B fragment the two tiles' probabilities, so a
+    // pair costs half the PV mma instructions.
 #pragma unroll
     for (int jj = 0; jj < D / 16; ++jj) {
-      uint32_t a0, a1;
-      P::v_frag(va, vb, jj, a0, a1);
+      uint4 a;
+      P::v_frag(va[0], vb[0], jj, a.x, a.y);
+      P::v_frag(va[1], vb[1], jj, a.z, a.w);
       if constexpr (P::kBf16Mma) {
-        mma_m16n8k8_bf16(st.o[jj], a0, a1, p_hi);
-        mma_m16n8k8_bf16(st.o[jj], a0, a1, p_lo);
+        mma_m16n8k16_bf16(st.o[jj], a, p_hi[0], p_hi[1]);
+        mma_m16n8k16_bf16(st.o[jj], a, p_lo[0], p_lo[1]);
       } else {
-        mma_m16n8k8_f16(st.o[jj], a0, a1, p_hi);
-        mma_m16n8k8_f16(st.o[jj], a0, a1, p_lo);
+        mma_m16n8k16_f16(st.o[jj], a, p_hi[0], p_hi[1]);
+        mma_m16n8k16_f16(st.o[jj], a, p_lo[0], p_lo[1]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+#pragma unroll
+      for (int jj = 0; jj < D / 16; ++jj) {
+        uint32_t a0, a1;
+        P::v_frag(va[n], vb[n], jj, a0, a1);
+        if constexpr (P::kBf16Mma) {
+          mma_m16n8k8_bf16(st.o[jj], a0, a1, p_hi[n]);
+          mma_m16n8k8_bf16(st.o[jj], a0, a1, p_lo[n]);
+        } else {
+          mma_m16n8k8_f16(st.o[jj], a0, a1, p_hi[n]);
+          mma_m16n8k8_f16(st.o[jj], a0, a1, p_lo[n]);
+        }
       }
     }
   }

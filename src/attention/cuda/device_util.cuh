@@ -175,6 +175,15 @@ __device__ __forceinline__ uint32_t int4x2_to_half2(uint32_t w) {
 
 // ---- misc ----------------------------------------------------------------------------------------
 
+// 2^x by the hardware approximation (within 2 ulp, like exp2f), results below 2^-126 flushed to 0:
+// exp2f adds a denormal fix-up of three instructions to each call, and a softmax weight under
+// 2^-126 of the running maximum is far below what the fp32 sums it joins can resolve.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float warp_max_xor(float v, int width_lanes_mask) {
   for (int o = width_lanes_mask; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;

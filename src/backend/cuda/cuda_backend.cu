@@ -412,7 +412,13 @@ class CudaBackend final : public Backend {
       p.in[0] = a.k, p.in[1] = a.v;
       p.slots = a.slot_mapping;
       p.n = a.rows;
-      cuda_ops::generic_write_kernel<<<2, 32, 0, stream_>>>(p);
+      if (g.has_scales() && g.granularity == ScaleGranularity::kPerTensor) {
+        cuda_ops::generic_tensor_scale_kernel<<<2, 32, 0, stream_>>>(p);
+        KVQ_RETURN_IF_ERROR(launch_status("cuda cache write (generic, tensor scale)"));
+      }
+      // One warp per (K|V, head, row); per_block_head keeps one warp per (K|V, head) in row order.
+      const dim3 grid(2, g.num_kv_heads, static_cast<unsigned>(std::clamp(a.rows, 1, 8192)));
+      cuda_ops::generic_write_kernel<<<grid, 32, 0, stream_>>>(p);
       KVQ_RETURN_IF_ERROR(launch_status("cuda cache write (generic)"));
     }
     if (g.recent_tokens == 0) return Status::ok();

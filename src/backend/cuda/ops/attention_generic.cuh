@@ -73,99 +73,110 @@ __device__ __forceinline__ void store_row(Format f, uint8_t* codes, size_t offse
 
 // One warp per K|V (blockIdx.x), walking heads and tokens in order: the host cache's write, run by
 // run (a run = consecutive tokens of the call in one main page).
-__global__ void __launch_bounds__(32) generic_write_kernel(const GenericWriteParams p) {
+// per_tensor: the first write reaching the main pool fixes the layer scale (0 = not yet set), from
+// every head's rows; grid (K|V), one warp. Runs before generic_write_kernel, which reads it.
+__global__ void __launch_bounds__(32) generic_tensor_scale_kernel(const GenericWriteParams p) {
   const int kv = blockIdx.x;
+  const cache::CacheGeometry& g = p.geom;
+  if (!g.has_scales() || g.granularity != ScaleGranularity::kPerTensor) return;
+  void* scales = kv == 0 ? p.layer.k_scales : p.layer.v_scales;
+  const ScaleDtype sd = g.scale_dtype;
+  if (!quant::tensor_scale_unset(cache::load_scale(scales, 0, sd))) return;
+  const int d = g.head_dim, heads = g.num_kv_heads;
+  const float* in = p.in[kv];
+  float amax = 0.f;
+  bool any = false;
+  for (int t = 0; t < p.n; ++t) {
+    if (cache::slot_is_sink(p.slots[t])) continue;
+    any = true;
+    for (int h = 0; h < heads; ++h) amax = fmaxf(amax, row_amax(in + (size_t(t) * heads + h) * d, d));
+  }
+  if (any && threadIdx.x == 0) cache::store_scale(scales, 0, scale_for_amax(g.format, amax, sd), sd);
+}
+
+// Grid (K|V, kv head, z), one warp a block. Rows are independent except within a per_block_head
+// page head (its scale can grow and re-quantize the page's earlier slots), so per_block_head walks
+// one head's rows in order in block z = 0, and every other case takes rows z, z + gridDim.z, ...
+__global__ void __launch_bounds__(32) generic_write_kernel(const GenericWriteParams p) {
+  const int kv = blockIdx.x, h = blockIdx.y;
   const cache::CacheGeometry& g = p.geom;
   const int d = g.head_dim, heads = g.num_kv_heads, bs = g.block_size;
   const Format f = g.format;
   const bool quantized = g.has_scales();
+  const bool per_block = quantized && g.granularity == ScaleGranularity::kPerBlockHead;
   uint8_t* codes = kv == 0 ? p.layer.k_codes : p.layer.v_codes;
   void* scales = kv == 0 ? p.layer.k_scales : p.layer.v_scales;
   const ScaleDtype sd = g.scale_dtype;
   uint16_t* sink = kv == 0 ? p.layer.k_sink : p.layer.v_sink;
   const float* in = p.in[kv];
-  auto row = [&](int t, int h) { return in + (size_t(t) * heads + h) * d; };
+  auto row = [&](int t) { return in + (size_t(t) * heads + h) * d; };
+  if (per_block && blockIdx.z != 0) return;
+  const int t0 = per_block ? 0 : static_cast<int>(blockIdx.z), dt = per_block ? 1 : static_cast<int>(gridDim.z);
 
-  // per_tensor: the first write reaching the main pool fixes the layer scale (0 = not yet set).
-  if (quantized && g.granularity == ScaleGranularity::kPerTensor && quant::tensor_scale_unset(cache::load_scale(scales, 0, sd))) {
+  for (int t = t0; t < p.n;) {
+    const int32_t s = p.slots[t];
+    const int page = cache::slot_page(s, bs), slot = cache::slot_in_page(s, bs);
+    if (cache::slot_is_sink(s)) {
+      store_row(Format::kBf16, reinterpret_cast<uint8_t*>(sink), 2 * g.elem_index(page, h, slot), row(t), d, 1.f);
+      t += dt;
+      continue;
+    }
+    if (g.kivi()) {  // its codes come later, from the bf16 twin, when the page is final (kivi_pages.cuh)
+      t += dt;
+      continue;
+    }
+    if (!quantized || g.granularity == ScaleGranularity::kPerTensor) {
+      store_row(f, codes, g.code_offset(page, h, slot), row(t), d, quantized ? cache::load_scale(scales, 0, sd) : 1.f);
+      t += dt;
+      continue;
+    }
+    if (g.granularity == ScaleGranularity::kPerTokenHead) {
+      const float scale = scale_for_amax(f, row_amax(row(t), d), sd);
+      if (threadIdx.x == 0) cache::store_scale(scales, g.scale_index(page, h, slot), scale, sd);
+      store_row(f, codes, g.code_offset(page, h, slot), row(t), d, scale);
+      t += dt;
+      continue;
+    }
+    // per_block_head (dt == 1): the run of this page's tokens starting at t.
+    int len = 1;
+    while (t + len < p.n && slot + len < bs) {
+      const int32_t s2 = p.slots[t + len];
+      if (cache::slot_is_sink(s2) || cache::slot_page(s2, bs) != page) break;
+      ++len;
+    }
     float amax = 0.f;
-    bool any = false;
-    for (int t = 0; t < p.n; ++t) {
-      if (cache::slot_is_sink(p.slots[t])) continue;
-      any = true;
-      for (int h = 0; h < heads; ++h) amax = fmaxf(amax, row_amax(row(t, h), d));
-    }
-    __syncwarp();
-    if (any && threadIdx.x == 0) cache::store_scale(scales, 0, scale_for_amax(f, amax, sd), sd);
-    __syncwarp();
-  }
-
-  for (int h = 0; h < heads; ++h) {
-    for (int t = 0; t < p.n;) {
-      const int32_t s = p.slots[t];
-      const int page = cache::slot_page(s, bs), slot = cache::slot_in_page(s, bs);
-      if (cache::slot_is_sink(s)) {
-        store_row(Format::kBf16, reinterpret_cast<uint8_t*>(sink), 2 * g.elem_index(page, h, slot), row(t, h), d, 1.f);
-        ++t;
-        continue;
-      }
-      if (g.kivi()) {  // its codes come later, from the bf16 twin, when the page is final (kivi_pages.cuh)
-        ++t;
-        continue;
-      }
-      if (!quantized || g.granularity == ScaleGranularity::kPerTensor) {
-        store_row(f, codes, g.code_offset(page, h, slot), row(t, h), d, quantized ? cache::load_scale(scales, 0, sd) : 1.f);
-        ++t;
-        continue;
-      }
-      if (g.granularity == ScaleGranularity::kPerTokenHead) {
-        const float scale = scale_for_amax(f, row_amax(row(t, h), d), sd);
-        if (threadIdx.x == 0) cache::store_scale(scales, g.scale_index(page, h, slot), scale, sd);
-        store_row(f, codes, g.code_offset(page, h, slot), row(t, h), d, scale);
-        ++t;
-        continue;
-      }
-      // per_block_head: the run of this page's tokens starting at t.
-      int len = 1;
-      while (t + len < p.n && slot + len < bs) {
-        const int32_t s2 = p.slots[t + len];
-        if (cache::slot_is_sink(s2) || cache::slot_page(s2, bs) != page) break;
-        ++len;
-      }
-      float amax = 0.f;
-      for (int r = 0; r < len; ++r) amax = fmaxf(amax, row_amax(row(t + r, h), d));
-      const size_t si = g.scale_index(page, h, 0);
-      float* amax_slot = p.amax[kv] + si;
-      float scale = cache::load_scale(scales, si, sd);
-      if (slot == 0) {  // a fresh page head
-        scale = scale_for_amax(f, amax, sd);
-        __syncwarp();
-        if (threadIdx.x == 0) *amax_slot = amax, cache::store_scale(scales, si, scale, sd);
-      } else if (quant::block_scale_grows(amax, *amax_slot)) {
-        // The page head's scale grows: re-quantize its earlier slots (dequantize with the old scale).
-        const float grown = scale_for_amax(f, amax, sd);
-        for (int r = 0; r < slot; ++r) {
-          uint8_t* c = codes + g.code_offset(page, h, r);
-          if (f == Format::kInt4) {  // a byte holds two codes: lane j re-encodes byte j
-            for (int j = threadIdx.x; j < d / 2; j += 32) {
-              const float lo = float(format::unpack_int4_lo(c[j])) * scale, hi = float(format::unpack_int4_hi(c[j])) * scale;
-              c[j] = quant::quantize_int4_pair(lo, hi, grown);
-            }
-            continue;
-          }
-          for (int i = threadIdx.x; i < d; i += 32) {
-            const float x = kvq::decode_byte(f, c[i]) * scale;
-            c[i] = quant::quantize_value(f, x, grown);
-          }
-        }
-        scale = grown;
-        __syncwarp();
-        if (threadIdx.x == 0) *amax_slot = amax, cache::store_scale(scales, si, grown, sd);
-      }
+    for (int r = 0; r < len; ++r) amax = fmaxf(amax, row_amax(row(t + r), d));
+    const size_t si = g.scale_index(page, h, 0);
+    float* amax_slot = p.amax[kv] + si;
+    float scale = cache::load_scale(scales, si, sd);
+    if (slot == 0) {  // a fresh page head
+      scale = scale_for_amax(f, amax, sd);
       __syncwarp();
-      for (int r = 0; r < len; ++r) store_row(f, codes, g.code_offset(page, h, slot + r), row(t + r, h), d, scale);
-      t += len;
+      if (threadIdx.x == 0) *amax_slot = amax, cache::store_scale(scales, si, scale, sd);
+    } else if (quant::block_scale_grows(amax, *amax_slot)) {
+      // The page head's scale grows: re-quantize its earlier slots (dequantize with the old scale).
+      const float grown = scale_for_amax(f, amax, sd);
+      for (int r = 0; r < slot; ++r) {
+        uint8_t* c = codes + g.code_offset(page, h, r);
+        if (f == Format::kInt4) {  // a byte holds two codes: lane j re-encodes byte j
+          for (int j = threadIdx.x; j < d / 2; j += 32) {
+            const float lo = float(format::unpack_int4_lo(c[j])) * scale, hi = float(format::unpack_int4_hi(c[j])) * scale;
+            c[j] = quant::quantize_int4_pair(lo, hi, grown);
+          }
+          continue;
+        }
+        for (int i = threadIdx.x; i < d; i += 32) {
+          const float x = kvq::decode_byte(f, c[i]) * scale;
+          c[i] = quant::quantize_value(f, x, grown);
+        }
+      }
+      scale = grown;
+      __syncwarp();
+      if (threadIdx.x == 0) *amax_slot = amax, cache::store_scale(scales, si, grown, sd);
     }
+    __syncwarp();
+    for (int r = 0; r < len; ++r) store_row(f, codes, g.code_offset(page, h, slot + r), row(t + r), d, scale);
+    t += len;
   }
 }
 
