@@ -1,31 +1,34 @@
 #pragma once
-// The decode kernel of the quantized caches (fp8 OCP/FNUZ, int8, int4): a producer warp streams whole
-// page-head tiles into a shared-memory ring with cp.async.bulk, four consumer warps attend them from
-// shared memory. int4 is the same kernel with half the bytes per tile: the consumers unpack nibbles
-// into the same fp16 fragments (Path<kInt4>), so numerics and scale handling are the 8-bit ones.
+// The decode kernel of the quantized caches (fp8 OCP/FNUZ, int8, int4): four warps stream whole
+// page-head tiles into a shared-memory ring with cp.async.bulk and attend them from there. int4 is
+// the same kernel with half the bytes per tile: the warps unpack nibbles into the same fp16
+// fragments (Path<kInt4>), so numerics and scale handling are the 8-bit ones.
 //
-// Why (docs/GPU_NOTES.md §5, §9): with per-lane loads an 8-bit tile is half the bytes of a bf16
-// tile for the same per-tile work, and the bytes a warp can keep in flight were capped by its
+// Why (docs/GPU_NOTES.md §5, §9, §13): with per-lane loads an 8-bit tile is half the bytes of a
+// bf16 tile for the same per-tile work, and the bytes a warp can keep in flight were capped by its
 // registers (or, with per-lane cp.async, each sector was fetched twice). The K tile and the V tile
 // of one (page, kv head) are contiguous in the pool (block_size x head_dim codes each), and so are
 // its per-token scales, so one thread can request a whole page with four bulk copies; the ring
 // keeps up to kMaxStages pages per CTA in flight at no register cost.
 //
-// Ring protocol, stage s = page i % S of the split, use u = i / S (both stepped, never divided):
-//   producer: wait empty[s] (phase u-1), write the page id, arrive.expect_tx(full[s], bytes), copies
-//   consumer warp i % 4: wait full[s] (phase u), read the tiles, arrive empty[s]
-// S is a multiple of the consumer count, so a stage always has the same consumer: a waiter is then
-// never more than one phase behind its barrier, which parity waits require.
-// Numerics are the register kernel's: the consumers build the same fragments (Payload) from shared
+// Ring protocol. The split's pages i = 0, 1, ... are dealt to the warps round robin (warp i % 4)
+// and page i lives in stage s = i % S; S is a multiple of the warp count, so every stage belongs to
+// one warp, which both fills and reads it (S / 4 stages, i.e. pages in flight, per warp):
+//   prime: lane 0 requests the warp's first S / 4 pages (arrive.expect_tx(full[s]) + copies)
+//   page:  wait full[s] (phase (i / S) & 1), attend the tiles, then lane 0 requests page i + S
+//          into the same stage, after every lane's reads of it (proxy fence + __syncwarp)
+// A separate producer warp (the first version of this ring) put a serial hop between a stage
+// becoming free and its refill, on one lane for the whole CTA; measured slower (§13).
+// Numerics are the register kernel's: the warps build the same fragments (Payload) from shared
 // memory instead of global memory and run the same compute_tiles, two tiles per softmax step (a page
-// holds 2 or 4 tiles; a register kernel paid for pairs with spills, the ring frees those registers).
+// holds 2 or 4 tiles).
 #include "decode_kernel.cuh"
 
 namespace kvq::attention::cuda::detail {
 
-constexpr int kBulkThreads = (kDecodeWarps + 1) * 32;  // + the producer warp
+constexpr int kBulkThreads = kDecodeWarps * 32;
 constexpr int kMaxStages = 16;
-constexpr int kRingOffset = 512;  // barriers (2 x kMaxStages x 8 B) and page ids before the ring
+constexpr int kRingOffset = 512;  // barriers (kMaxStages x 8 B) and page ids before the ring
 
 // Bytes of one stage: K tile, V tile, K scales, V scales, each 16-byte aligned. Per-block scales
 // copy the 16-byte chunk that holds the page's scale (the plane is 128-byte aligned and padded).
@@ -91,80 +94,97 @@ __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in
   }
 }
 
-// The producer warp: page ids 32 at a time (one per lane), lane 0 issues the copies.
+// Lane 0: requests page `page` of kv head `kv_head` (K tile, V tile, then the K and V scale runs)
+// into stage `st`, completing on `bar`.
 template <Format F, int D, ScaleMode SM>
-__device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full, uint64_t* empty, int* page_ids,
-                        uint8_t* ring, int lane) {
-  const int tpp = p.block_size / kTileTokens;
-  const int pg0 = w.main_t0 / tpp, n_pages = (w.main_t1 + tpp - 1) / tpp - pg0;
-  const int32_t* table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + pg0;
+__device__ __forceinline__ void request_page(const DecodeParams& p, int kv_head, int page, uint8_t* st, uint64_t* bar) {
   constexpr uint32_t kRow = D * Path<F>::kBits / 8;
   const uint32_t tile = static_cast<uint32_t>(p.block_size) * kRow;  // bulk_tile_bytes
   const uint32_t sbytes = SM == ScaleMode::kToken ? static_cast<uint32_t>(bulk_scale_bytes(p.geom)) : 0;
-  const int S = p.ring_stages;
-  // Page i of the split goes to stage s = i % S in its use u = i / S; both are stepped, not divided
-  // (a 32-bit division by the run-time S sat on the path from one page to the next).
-  int s = 0, use = 0;
-  for (int base = 0; base < n_pages; base += 32) {
-    const int mine = base + lane < n_pages ? __ldg(table + base + lane) : 0;
-    const int n = min(32, n_pages - base);
-    for (int j = 0; j < n; ++j) {
-      const int page = __shfl_sync(0xffffffffu, mine, j);
-      if (lane == 0) {
-        // Addresses first: only the copies have to wait for the stage to be free.
-        const size_t e = p.geom.elem_index(page, w.kv_head, 0) / D * kRow;  // code_offset, D and bits known here
-        size_t off = 0;
-        if constexpr (SM == ScaleMode::kToken) {
-          size_t si = p.geom.scale_index(page, w.kv_head, 0);
-          // per_block_head: the 16-byte chunk holding the page head's scale (4 fp32 or 8 fp16).
-          if (p.geom.granularity != ScaleGranularity::kPerTokenHead) si &= ~(16 / p.geom.scale_bytes() - 1);
-          off = si * p.geom.scale_bytes();
-        }
-        uint8_t* st = ring + static_cast<size_t>(s) * p.stage_bytes;
-        if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
-        page_ids[s] = page;
-        mbar_arrive_expect_tx(&full[s], 2 * tile + 2 * sbytes);
-        bulk_copy_g2s(st, p.k_codes + e, tile, &full[s]);
-        bulk_copy_g2s(st + tile, p.v_codes + e, tile, &full[s]);
-        if constexpr (SM == ScaleMode::kToken) {
-          bulk_copy_g2s(st + 2 * tile, static_cast<const uint8_t*>(p.k_scales) + off, sbytes, &full[s]);
-          bulk_copy_g2s(st + 2 * tile + sbytes, static_cast<const uint8_t*>(p.v_scales) + off, sbytes, &full[s]);
-        }
-      }
-      if (++s == S) s = 0, ++use;
-    }
+  const size_t e = p.geom.elem_index(page, kv_head, 0) / D * kRow;  // code_offset, D and bits known here
+  mbar_arrive_expect_tx(bar, 2 * tile + 2 * sbytes);
+  bulk_copy_g2s(st, p.k_codes + e, tile, bar);
+  bulk_copy_g2s(st + tile, p.v_codes + e, tile, bar);
+  if constexpr (SM == ScaleMode::kToken) {
+    size_t si = p.geom.scale_index(page, kv_head, 0);
+    // per_block_head: the 16-byte chunk holding the page head's scale (4 fp32 or 8 fp16).
+    if (p.geom.granularity != ScaleGranularity::kPerTokenHead) si &= ~(16 / p.geom.scale_bytes() - 1);
+    const size_t off = si * p.geom.scale_bytes();
+    bulk_copy_g2s(st + 2 * tile, static_cast<const uint8_t*>(p.k_scales) + off, sbytes, bar);
+    bulk_copy_g2s(st + 2 * tile + sbytes, static_cast<const uint8_t*>(p.v_scales) + off, sbytes, bar);
+  }
+}
+
+// This warp's pages of the split: i = warp + kDecodeWarps * k, k < count. table: the split's
+// first page in the sequence's block table.
+struct WarpPages {
+  const int32_t* table;
+  int count;
+  __device__ int page(int warp, int k) const { return __ldg(table + warp + kDecodeWarps * k); }
+};
+
+__device__ __forceinline__ WarpPages warp_pages(const DecodeParams& p, const CtaWork& w, int warp) {
+  const int tpp = p.block_size / kTileTokens;
+  const int pg0 = w.main_t0 / tpp, n_pages = (w.main_t1 + tpp - 1) / tpp - pg0;
+  WarpPages wp;
+  wp.table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + pg0;
+  wp.count = warp < n_pages ? (n_pages - 1 - warp) / kDecodeWarps + 1 : 0;
+  return wp;
+}
+
+// Lane 0 requests the warp's first S / kDecodeWarps pages (before the sink, which they overlap).
+template <Format F, int D, ScaleMode SM>
+__device__ void prime_ring(const DecodeParams& p, const CtaWork& w, uint64_t* full, int* page_ids, uint8_t* ring,
+                           int warp, int lane) {
+  if (lane != 0) return;
+  const WarpPages wp = warp_pages(p, w, warp);
+  const int R = p.ring_stages / kDecodeWarps;
+  for (int k = 0; k < R && k < wp.count; ++k) {
+    const int s = warp + kDecodeWarps * k, page = wp.page(warp, k);
+    page_ids[s] = page;
+    request_page<F, D, SM>(p, w.kv_head, page, ring + static_cast<size_t>(s) * p.stage_bytes, &full[s]);
   }
 }
 
 template <Format F, int D, ScaleMode SM, ScaleDtype SD>
 __device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs& a, const uint4* qf, uint64_t* full,
-                        uint64_t* empty, const int* page_ids, const uint8_t* ring, int warp, int lane,
-                        State<D>& st) {
+                        int* page_ids, uint8_t* ring, int warp, int lane, State<D>& st) {
   const int bs = p.block_size, tpp = bs / kTileTokens;
-  const int pg0 = w.main_t0 / tpp, n_pages = (w.main_t1 + tpp - 1) / tpp - pg0;
+  const int pg0 = w.main_t0 / tpp;
   const bool per_token = p.geom.granularity == ScaleGranularity::kPerTokenHead;
-  const int S = p.ring_stages;
-  // Page i = warp + 4k sits in stage i % S, phase (i / S) & 1; S is a multiple of kDecodeWarps, so
-  // stepping by kDecodeWarps wraps exactly at S.
+  const int S = p.ring_stages, R = S / kDecodeWarps;
+  const WarpPages wp = warp_pages(p, w, warp);
+  // The warp's k-th page is split page warp + 4k, in stage warp + 4 (k % R), phase (k / R) & 1:
+  // stepped, never divided (a division by the run-time S sat on the path from page to page).
   int s = warp;
   uint32_t phase = 0;
-  for (int i = warp; i < n_pages; i += kDecodeWarps) {
+  for (int k = 0; k < wp.count; ++k) {
+    const int i = warp + kDecodeWarps * k;
+    // The page that refills this stage: its table entry loads while this page is attended.
+    const int refill = lane == 0 && k + R < wp.count ? wp.page(warp, k + R) : -1;
     mbar_wait(&full[s], phase);
-    const uint8_t* stage = ring + static_cast<size_t>(s) * p.stage_bytes;
+    uint8_t* stage = ring + static_cast<size_t>(s) * p.stage_bytes;
     int scale_sub = -1;
     if constexpr (SM == ScaleMode::kToken) {
       if (!per_token) scale_sub = static_cast<int>(p.geom.scale_index(page_ids[s], w.kv_head, 0) & (16 / p.geom.scale_bytes() - 1));
     }
     // Tiles past the part's end (last page) are masked by compute_tiles; their bytes are in the stage.
-    for (int k = 0; k < tpp; k += 2) {
-      const int tile = (pg0 + i) * tpp + k;
+    for (int kt = 0; kt < tpp; kt += 2) {
+      const int tile = (pg0 + i) * tpp + kt;
       if (tile >= w.main_t1) break;
       Payload<F, D> pl[2];
-      load_tile_smem<F, D, SM, SD>(stage, k, bs, scale_sub, lane, pl[0]);
-      load_tile_smem<F, D, SM, SD>(stage, k + 1, bs, scale_sub, lane, pl[1]);
+      load_tile_smem<F, D, SM, SD>(stage, kt, bs, scale_sub, lane, pl[0]);
+      load_tile_smem<F, D, SM, SD>(stage, kt + 1, bs, scale_sub, lane, pl[1]);
       compute_tiles<F, D, SM, 2>(pl, qf, a, tile, lane, st);
     }
-    mbar_arrive(&empty[s]);  // every lane: each releases its own reads of the stage
+    // Every lane's reads of the stage (their values are consumed above) before the copy engine
+    // overwrites it.
+    fence_proxy_async_smem();
+    __syncwarp();
+    if (refill >= 0) {
+      page_ids[s] = refill;
+      request_page<F, D, SM>(p, w.kv_head, refill, stage, &full[s]);
+    }
     s += kDecodeWarps;
     if (s >= S) s -= S, phase ^= 1u;
   }
@@ -175,8 +195,7 @@ __global__ void __launch_bounds__(kBulkThreads, kMinCtas) decode_bulk_kernel(con
   __shared__ DecodeSmem<D> sm;
   extern __shared__ __align__(128) uint8_t dyn[];
   uint64_t* full = reinterpret_cast<uint64_t*>(dyn);
-  uint64_t* empty = full + kMaxStages;
-  int* page_ids = reinterpret_cast<int*>(empty + kMaxStages);
+  int* page_ids = reinterpret_cast<int*>(full + kMaxStages);
   uint8_t* ring = dyn + kRingOffset;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -186,31 +205,25 @@ __global__ void __launch_bounds__(kBulkThreads, kMinCtas) decode_bulk_kernel(con
     return;
   }
   if (threadIdx.x == 0) {
-    for (int s = 0; s < p.ring_stages; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 32);
-    }
+    for (int s = 0; s < p.ring_stages; ++s) mbar_init(&full[s], 1);
     mbar_init_fence();
   }
-  // The barriers are published by prepare_query's __syncthreads.
+  __syncthreads();
+  // The ring fills while the query is prepared and the sink tiles are attended.
+  prime_ring<F, D, SM>(p, w, full, page_ids, ring, warp, lane);
   const float unscale = prepare_query<F, D>(p, w, sm);
   State<D> st;
   init_state(st);
-  if (warp == kDecodeWarps) {
-    produce<F, D, SM>(p, w, full, empty, page_ids, ring, lane);
+  run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
+  // One branch on the scale dtype here instead of one per scale read in the page loop.
+  const PartArgs a = main_args<SM>(p, w, unscale);
+  bool half_scales = false;
+  if constexpr (SM == ScaleMode::kToken) half_scales = p.geom.scale_dtype == ScaleDtype::kFp16;
+  if (half_scales) {
+    if constexpr (SM == ScaleMode::kToken)
+      consume<F, D, SM, ScaleDtype::kFp16>(p, w, a, sm.qf[0], full, page_ids, ring, warp, lane, st);
   } else {
-    // The ring fills while the consumers attend the sink tiles.
-    run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
-    // One branch on the scale dtype here instead of one per scale read in the page loop.
-    const PartArgs a = main_args<SM>(p, w, unscale);
-    bool half_scales = false;
-    if constexpr (SM == ScaleMode::kToken) half_scales = p.geom.scale_dtype == ScaleDtype::kFp16;
-    if (half_scales) {
-      if constexpr (SM == ScaleMode::kToken)
-        consume<F, D, SM, ScaleDtype::kFp16>(p, w, a, sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
-    } else {
-      consume<F, D, SM, ScaleDtype::kFp32>(p, w, a, sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
-    }
+    consume<F, D, SM, ScaleDtype::kFp32>(p, w, a, sm.qf[0], full, page_ids, ring, warp, lane, st);
   }
   merge_and_store<D>(p, w, sm, st, warp, lane);
 }

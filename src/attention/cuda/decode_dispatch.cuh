@@ -21,7 +21,7 @@ using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 template <Format F, int D, ScaleMode SM>
 DecodeKernelFn decode_instance() {
   if constexpr (Path<F>::kBits <= 8) {
-    constexpr int kBulkMinCtas = D == 64 ? 4 : D == 128 ? 3 : 1;
+    constexpr int kBulkMinCtas = D == 64 ? 4 : D == 128 ? 4 : 2;
     return {decode_bulk_kernel<F, D, SM, kBulkMinCtas>, true};
   } else {
     return {decode_kernel<F, D, SM, 1>, false};
