@@ -121,6 +121,8 @@ struct WarpPages {
   const int32_t* table;
   int count;
   __device__ int page(int warp, int k) const { return __ldg(table + warp + kDecodeWarps * k); }
+  // Lane j's entry of the window of 32 pages from k0 (0 past the end): one coalesced load per 32.
+  __device__ int window(int warp, int k0, int lane) const { return k0 + lane < count ? page(warp, k0 + lane) : 0; }
 };
 
 __device__ __forceinline__ WarpPages warp_pages(const DecodeParams& p, const CtaWork& w, int warp) {
@@ -132,17 +134,19 @@ __device__ __forceinline__ WarpPages warp_pages(const DecodeParams& p, const Cta
   return wp;
 }
 
-// Lane 0 requests the warp's first S / kDecodeWarps pages (before the sink, which they overlap).
+// The warp's first S / kDecodeWarps pages, requested by lane 0 (before the sink, which they overlap).
 template <Format F, int D, ScaleMode SM>
 __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, uint64_t* full, int* page_ids, uint8_t* ring,
                            int warp, int lane) {
-  if (lane != 0) return;
   const WarpPages wp = warp_pages(p, w, warp);
   const int R = p.ring_stages / kDecodeWarps;
+  const int ids = wp.window(warp, 0, lane);  // R <= 4 entries in one load, not R loads in a row
   for (int k = 0; k < R && k < wp.count; ++k) {
-    const int s = warp + kDecodeWarps * k, page = wp.page(warp, k);
-    page_ids[s] = page;
-    request_page<F, D, SM>(p, w.kv_head, page, ring + static_cast<size_t>(s) * p.stage_bytes, &full[s]);
+    const int s = warp + kDecodeWarps * k, page = __shfl_sync(0xffffffffu, ids, k);
+    if (lane == 0) {
+      page_ids[s] = page;
+      request_page<F, D, SM>(p, w.kv_head, page, ring + static_cast<size_t>(s) * p.stage_bytes, &full[s]);
+    }
   }
 }
 
@@ -158,10 +162,16 @@ __device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs&
   // stepped, never divided (a division by the run-time S sat on the path from page to page).
   int s = warp;
   uint32_t phase = 0;
+  // Table entries of the refills k + R, 32 at a time and one window ahead: a table load on the path
+  // from a stage's release to its refill would add a memory latency per page.
+  int kb = R, ids = wp.window(warp, kb, lane), ids_next = wp.window(warp, kb + 32, lane);
   for (int k = 0; k < wp.count; ++k) {
     const int i = warp + kDecodeWarps * k;
-    // The page that refills this stage: its table entry loads while this page is attended.
-    const int refill = lane == 0 && k + R < wp.count ? wp.page(warp, k + R) : -1;
+    if (k + R == kb + 32) {
+      kb += 32, ids = ids_next;
+      ids_next = wp.window(warp, kb + 32, lane);
+    }
+    const int refill = k + R < wp.count ? __shfl_sync(0xffffffffu, ids, k + R - kb) : -1;
     mbar_wait(&full[s], phase);
     uint8_t* stage = ring + static_cast<size_t>(s) * p.stage_bytes;
     int scale_sub = -1;
@@ -181,7 +191,7 @@ __device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs&
     // overwrites it.
     fence_proxy_async_smem();
     __syncwarp();
-    if (refill >= 0) {
+    if (lane == 0 && refill >= 0) {
       page_ids[s] = refill;
       request_page<F, D, SM>(p, w.kv_head, refill, stage, &full[s]);
     }
