@@ -88,12 +88,20 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   p.num_q_heads = a.num_q_heads;
   p.max_tokens = (a.tables.max_blocks + a.tables.max_sink_blocks) * a.geom.block_size;
   const detail::DecodeKernelFn kern = kernel_for(a.geom);
-  p.threads = kern.bulk ? detail::kBulkThreads : detail::kDecodeThreads;
+  const long long base = static_cast<long long>(std::max(a.tables.num_seqs, 1)) * a.geom.num_kv_heads * p.head_groups;
+  if (kern.bulk) {
+    p.producer_warp = opts.ring_feed == RingFeed::kProducer ||
+                      (opts.ring_feed == RingFeed::kAuto && base < std::max(dev.sm_count, 1) / 2);
+  }
+  void (*const fn)(detail::DecodeParams) = p.producer_warp ? kern.fn_producer : kern.fn;
+  p.threads = !kern.bulk ? detail::kDecodeThreads
+              : p.producer_warp ? detail::bulk_threads<detail::Feed::kProducer>()
+                                : detail::bulk_threads<detail::Feed::kSelf>();
   if (kern.bulk) {
     // Allow the kernel the whole opt-in shared memory once: the attribute is per function, and plans
     // of other geometries (block size) share the instance with rings of other sizes.
     cudaFuncAttributes fa{};
-    if (cudaFuncGetAttributes(&fa, kern.fn) != cudaSuccess) {
+    if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess) {
       cudaGetLastError();
       return internal_error("cuda decode: cannot read the kernel's shared-memory size");
     }
@@ -101,13 +109,13 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     const size_t optin = dev.smem_per_block_optin > 0 ? dev.smem_per_block_optin : size_t{48} << 10;
     const int max_dyn = static_cast<int>(optin) - static_cast<int>(fa.sharedSizeBytes);
     KVQ_RETURN_IF_ERROR(detail::cuda_status(
-        cudaFuncSetAttribute(kern.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dyn), "cuda decode: reserving the ring"));
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dyn), "cuda decode: reserving the ring"));
     const int stage = detail::bulk_stage_bytes(a.geom);
     auto ring_bytes = [&](int s) { return detail::kRingOffset + s * stage; };
     auto occupancy = [&](int s) {
       int n = 0;
       if (ring_bytes(s) > max_dyn ||
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern.fn, p.threads, ring_bytes(s)) != cudaSuccess) {
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, p.threads, ring_bytes(s)) != cudaSuccess) {
         cudaGetLastError();
         n = 0;
       }
@@ -133,7 +141,7 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     p.smem_bytes = ring_bytes(stages);
   }
   int occ = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.fn, p.threads, p.smem_bytes) != cudaSuccess ||
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.threads, p.smem_bytes) != cudaSuccess ||
       occ < 1) {
     cudaGetLastError();
     occ = 2;
@@ -146,7 +154,6 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   // Cost model: a CTA's time ~ its tiles plus a fixed overhead; CTAs run in waves of
   // sm_count * occupancy. Pick the split count with the least waves x (tiles per split + overhead);
   // a split adds a merge pass, so ties go to fewer splits.
-  const long long base = static_cast<long long>(std::max(a.tables.num_seqs, 1)) * a.geom.num_kv_heads * p.head_groups;
   const long long wave = static_cast<long long>(std::max(dev.sm_count, 1)) * occ;
   const int max_tiles = std::max(1, ceil_div(p.max_tokens, detail::kTileTokens));
   constexpr int kMinTilesPerSplit = 16, kOverheadTiles = 6, kMaxSplits = 256;
@@ -176,7 +183,10 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   const detail::DecodeKernelFn kern = kernel_for(a.geom);
   if (a.tables.num_seqs != p.num_seqs || a.num_q_heads != p.num_q_heads || a.tables.max_blocks > p.max_blocks ||
       a.tables.max_sink_blocks > p.max_sink_blocks || p.num_splits < 1 ||
-      p.threads != (kern.bulk ? detail::kBulkThreads : detail::kDecodeThreads) ||
+      (p.producer_warp && !kern.bulk) ||
+      p.threads != (!kern.bulk ? detail::kDecodeThreads
+                    : p.producer_warp ? detail::bulk_threads<detail::Feed::kProducer>()
+                                      : detail::bulk_threads<detail::Feed::kSelf>()) ||
       (kern.bulk && (p.ring_stages < detail::kDecodeWarps || p.ring_stages > detail::kMaxStages ||
                      p.smem_bytes != detail::kRingOffset + p.ring_stages * detail::bulk_stage_bytes(a.geom))))
     return invalid_argument("cuda decode: the plan was made for another batch shape or cache geometry (sequences, heads, table widths, format); call plan() again");
@@ -207,7 +217,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   }
   const dim3 grid(p.num_splits, g.num_kv_heads * p.head_groups, a.tables.num_seqs);
   if (grid.y > 65535) return unsupported("cuda decode: too many kv heads x head groups for one launch");
-  kern.fn<<<grid, p.threads, p.smem_bytes, stream>>>(k);
+  (p.producer_warp ? kern.fn_producer : kern.fn)<<<grid, p.threads, p.smem_bytes, stream>>>(k);
   KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;

@@ -1,7 +1,7 @@
 #pragma once
-// The decode kernel of the quantized caches (fp8 OCP/FNUZ, int8, int4): four warps stream whole
-// page-head tiles into a shared-memory ring with cp.async.bulk and attend them from there. int4 is
-// the same kernel with half the bytes per tile: the warps unpack nibbles into the same fp16
+// The decode kernel of the quantized caches (fp8 OCP/FNUZ, int8, int4): whole page-head tiles are
+// streamed into a shared-memory ring with cp.async.bulk and four warps attend them from there. int4
+// is the same kernel with half the bytes per tile: the warps unpack nibbles into the same fp16
 // fragments (Path<kInt4>), so numerics and scale handling are the 8-bit ones.
 //
 // Why (docs/GPU_NOTES.md §5, §9, §13): with per-lane loads an 8-bit tile is half the bytes of a
@@ -11,24 +11,32 @@
 // its per-token scales, so one thread can request a whole page with four bulk copies; the ring
 // keeps up to kMaxStages pages per CTA in flight at no register cost.
 //
-// Ring protocol. The split's pages i = 0, 1, ... are dealt to the warps round robin (warp i % 4)
-// and page i lives in stage s = i % S; S is a multiple of the warp count, so every stage belongs to
-// one warp, which both fills and reads it (S / 4 stages, i.e. pages in flight, per warp):
-//   prime: lane 0 requests the warp's first S / 4 pages (arrive.expect_tx(full[s]) + copies)
-//   page:  wait full[s] (phase (i / S) & 1), attend the tiles, then lane 0 requests page i + S
-//          into the same stage, after every lane's reads of it (proxy fence + __syncwarp)
-// A separate producer warp (the first version of this ring) put a serial hop between a stage
-// becoming free and its refill, on one lane for the whole CTA; measured slower (§13).
-// Numerics are the register kernel's: the warps build the same fragments (Payload) from shared
-// memory instead of global memory and run the same compute_tiles, two tiles per softmax step (a page
-// holds 2 or 4 tiles).
+// The split's pages i = 0, 1, ... are dealt to the four attending warps round robin (warp i % 4),
+// page i in stage s = i % S, phase (i / S) & 1; S is a multiple of 4, so a stage always serves the
+// same warp. Who refills a stage is the kernel's Feed (chosen per plan, decode.cu):
+//   kSelf      the attending warp itself: after reading page i, its lane 0 requests page i + S
+//              into the same stage (no extra warp, so one more CTA per SM at head_dim 128: the
+//              better choice when many CTAs share the SMs)
+//   kProducer  a fifth warp: waits on the stage's "empty" barrier (the attending warp's 32 lanes
+//              arrive after their reads), then requests the next page; its lane 0 spends the
+//              request latency instead of the attending warp (better when a plan has few CTAs,
+//              each a long chain of pages)
+// Either way a request is arrive.expect_tx(full[s]) and the page's copies, and the attending warp
+// waits on full[s]. Numerics are the register kernel's: the warps build the same fragments
+// (Payload) from shared memory and run the same compute_tiles, two tiles per softmax step.
+#include <type_traits>
+
 #include "decode_kernel.cuh"
 
 namespace kvq::attention::cuda::detail {
 
-constexpr int kBulkThreads = kDecodeWarps * 32;
+enum class Feed : int { kSelf, kProducer };
+template <Feed FD>
+constexpr int bulk_threads() {
+  return (kDecodeWarps + (FD == Feed::kProducer ? 1 : 0)) * 32;
+}
 constexpr int kMaxStages = 16;
-constexpr int kRingOffset = 512;  // barriers (kMaxStages x 8 B) and page ids before the ring
+constexpr int kRingOffset = 512;  // full and empty barriers (2 x kMaxStages x 8 B), page ids, then the ring
 
 // Bytes of one stage: K tile, V tile, K scales, V scales, each 16-byte aligned. Per-block scales
 // copy the 16-byte chunk that holds the page's scale (the plane is 128-byte aligned and padded).
@@ -125,14 +133,44 @@ struct WarpPages {
   __device__ int window(int warp, int k0, int lane) const { return k0 + lane < count ? page(warp, k0 + lane) : 0; }
 };
 
-__device__ __forceinline__ WarpPages warp_pages(const DecodeParams& p, const CtaWork& w, int warp) {
+__device__ __forceinline__ int split_first_page(const DecodeParams& p, const CtaWork& w) {
+  return w.main_t0 / (p.block_size / kTileTokens);
+}
+__device__ __forceinline__ int split_pages(const DecodeParams& p, const CtaWork& w) {
   const int tpp = p.block_size / kTileTokens;
-  const int pg0 = w.main_t0 / tpp, n_pages = (w.main_t1 + tpp - 1) / tpp - pg0;
+  return (w.main_t1 + tpp - 1) / tpp - w.main_t0 / tpp;
+}
+
+__device__ __forceinline__ WarpPages warp_pages(const DecodeParams& p, const CtaWork& w, int warp) {
+  const int n_pages = split_pages(p, w);
   WarpPages wp;
-  wp.table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + pg0;
+  wp.table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + split_first_page(p, w);
   wp.count = warp < n_pages ? (n_pages - 1 - warp) / kDecodeWarps + 1 : 0;
   return wp;
 }
+
+// Split page i, in `stage`: its tiles through compute_tiles, two per softmax step. Tiles past the
+// part's end (last page) are masked by compute_tiles; their bytes are in the stage.
+template <Format F, int D, ScaleMode SM, ScaleDtype SD>
+__device__ __forceinline__ void attend_page(const DecodeParams& p, const CtaWork& w, const PartArgs& a, const uint4* qf,
+                                            const uint8_t* stage, int page_id, int i, int lane, State<D>& st) {
+  const int bs = p.block_size, tpp = bs / kTileTokens;
+  int scale_sub = -1;
+  if constexpr (SM == ScaleMode::kToken) {
+    if (p.geom.granularity != ScaleGranularity::kPerTokenHead)
+      scale_sub = static_cast<int>(p.geom.scale_index(page_id, w.kv_head, 0) & (16 / p.geom.scale_bytes() - 1));
+  }
+  const int tile0 = (split_first_page(p, w) + i) * tpp;
+  for (int kt = 0; kt < tpp; kt += 2) {
+    if (tile0 + kt >= w.main_t1) break;
+    Payload<F, D> pl[2];
+    load_tile_smem<F, D, SM, SD>(stage, kt, bs, scale_sub, lane, pl[0]);
+    load_tile_smem<F, D, SM, SD>(stage, kt + 1, bs, scale_sub, lane, pl[1]);
+    compute_tiles<F, D, SM, 2>(pl, qf, a, tile0 + kt, lane, st);
+  }
+}
+
+// ---- Feed::kSelf ----------------------------------------------------------------------------------
 
 // The warp's first S / kDecodeWarps pages, requested by lane 0 (before the sink, which they overlap).
 template <Format F, int D, ScaleMode SM>
@@ -151,11 +189,8 @@ __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, uint64_t* fu
 }
 
 template <Format F, int D, ScaleMode SM, ScaleDtype SD>
-__device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs& a, const uint4* qf, uint64_t* full,
-                        int* page_ids, uint8_t* ring, int warp, int lane, State<D>& st) {
-  const int bs = p.block_size, tpp = bs / kTileTokens;
-  const int pg0 = w.main_t0 / tpp;
-  const bool per_token = p.geom.granularity == ScaleGranularity::kPerTokenHead;
+__device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const PartArgs& a, const uint4* qf,
+                                 uint64_t* full, int* page_ids, uint8_t* ring, int warp, int lane, State<D>& st) {
   const int S = p.ring_stages, R = S / kDecodeWarps;
   const WarpPages wp = warp_pages(p, w, warp);
   // The warp's k-th page is split page warp + 4k, in stage warp + 4 (k % R), phase (k / R) & 1:
@@ -166,7 +201,6 @@ __device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs&
   // from a stage's release to its refill would add a memory latency per page.
   int kb = R, ids = wp.window(warp, kb, lane), ids_next = wp.window(warp, kb + 32, lane);
   for (int k = 0; k < wp.count; ++k) {
-    const int i = warp + kDecodeWarps * k;
     if (k + R == kb + 32) {
       kb += 32, ids = ids_next;
       ids_next = wp.window(warp, kb + 32, lane);
@@ -174,19 +208,7 @@ __device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs&
     const int refill = k + R < wp.count ? __shfl_sync(0xffffffffu, ids, k + R - kb) : -1;
     mbar_wait(&full[s], phase);
     uint8_t* stage = ring + static_cast<size_t>(s) * p.stage_bytes;
-    int scale_sub = -1;
-    if constexpr (SM == ScaleMode::kToken) {
-      if (!per_token) scale_sub = static_cast<int>(p.geom.scale_index(page_ids[s], w.kv_head, 0) & (16 / p.geom.scale_bytes() - 1));
-    }
-    // Tiles past the part's end (last page) are masked by compute_tiles; their bytes are in the stage.
-    for (int kt = 0; kt < tpp; kt += 2) {
-      const int tile = (pg0 + i) * tpp + kt;
-      if (tile >= w.main_t1) break;
-      Payload<F, D> pl[2];
-      load_tile_smem<F, D, SM, SD>(stage, kt, bs, scale_sub, lane, pl[0]);
-      load_tile_smem<F, D, SM, SD>(stage, kt + 1, bs, scale_sub, lane, pl[1]);
-      compute_tiles<F, D, SM, 2>(pl, qf, a, tile, lane, st);
-    }
+    attend_page<F, D, SM, SD>(p, w, a, qf, stage, page_ids[s], warp + kDecodeWarps * k, lane, st);
     // Every lane's reads of the stage (their values are consumed above) before the copy engine
     // overwrites it.
     fence_proxy_async_smem();
@@ -200,12 +222,56 @@ __device__ void consume(const DecodeParams& p, const CtaWork& w, const PartArgs&
   }
 }
 
-template <Format F, int D, ScaleMode SM, int kMinCtas>
-__global__ void __launch_bounds__(kBulkThreads, kMinCtas) decode_bulk_kernel(const DecodeParams p) {
+// ---- Feed::kProducer ------------------------------------------------------------------------------
+
+// The producer warp: page ids 32 at a time (one per lane), lane 0 requests the pages in order.
+template <Format F, int D, ScaleMode SM>
+__device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full, uint64_t* empty, int* page_ids,
+                        uint8_t* ring, int lane) {
+  const int n_pages = split_pages(p, w);
+  const int32_t* table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + split_first_page(p, w);
+  const int S = p.ring_stages;
+  int s = 0, use = 0;  // page i: stage i % S, use i / S, stepped
+  for (int base = 0; base < n_pages; base += 32) {
+    const int mine = base + lane < n_pages ? __ldg(table + base + lane) : 0;
+    const int n = min(32, n_pages - base);
+    for (int j = 0; j < n; ++j) {
+      const int page = __shfl_sync(0xffffffffu, mine, j);
+      if (lane == 0) {
+        if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
+        page_ids[s] = page;
+        request_page<F, D, SM>(p, w.kv_head, page, ring + static_cast<size_t>(s) * p.stage_bytes, &full[s]);
+      }
+      if (++s == S) s = 0, ++use;
+    }
+  }
+}
+
+template <Format F, int D, ScaleMode SM, ScaleDtype SD>
+__device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const PartArgs& a, const uint4* qf,
+                                 uint64_t* full, uint64_t* empty, const int* page_ids, const uint8_t* ring, int warp,
+                                 int lane, State<D>& st) {
+  const int S = p.ring_stages, n_pages = split_pages(p, w);
+  int s = warp;
+  uint32_t phase = 0;
+  for (int i = warp; i < n_pages; i += kDecodeWarps) {
+    mbar_wait(&full[s], phase);
+    attend_page<F, D, SM, SD>(p, w, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids[s], i, lane, st);
+    mbar_arrive(&empty[s]);  // every lane: each releases its own reads of the stage
+    s += kDecodeWarps;
+    if (s >= S) s -= S, phase ^= 1u;
+  }
+}
+
+// ---- the kernel -----------------------------------------------------------------------------------
+
+template <Format F, int D, ScaleMode SM, int kMinCtas, Feed FD>
+__global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kernel(const DecodeParams p) {
   __shared__ DecodeSmem<D> sm;
   extern __shared__ __align__(128) uint8_t dyn[];
   uint64_t* full = reinterpret_cast<uint64_t*>(dyn);
-  int* page_ids = reinterpret_cast<int*>(full + kMaxStages);
+  uint64_t* empty = full + kMaxStages;
+  int* page_ids = reinterpret_cast<int*>(empty + kMaxStages);
   uint8_t* ring = dyn + kRingOffset;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -215,25 +281,40 @@ __global__ void __launch_bounds__(kBulkThreads, kMinCtas) decode_bulk_kernel(con
     return;
   }
   if (threadIdx.x == 0) {
-    for (int s = 0; s < p.ring_stages; ++s) mbar_init(&full[s], 1);
+    for (int s = 0; s < p.ring_stages; ++s) {
+      mbar_init(&full[s], 1);
+      if constexpr (FD == Feed::kProducer) mbar_init(&empty[s], 32);
+    }
     mbar_init_fence();
   }
   __syncthreads();
+  const bool producer = FD == Feed::kProducer && warp == kDecodeWarps;
   // The ring fills while the query is prepared and the sink tiles are attended.
-  prime_ring<F, D, SM>(p, w, full, page_ids, ring, warp, lane);
+  if constexpr (FD == Feed::kSelf) prime_ring<F, D, SM>(p, w, full, page_ids, ring, warp, lane);
   const float unscale = prepare_query<F, D>(p, w, sm);
   State<D> st;
   init_state(st);
-  run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
-  // One branch on the scale dtype here instead of one per scale read in the page loop.
-  const PartArgs a = main_args<SM>(p, w, unscale);
-  bool half_scales = false;
-  if constexpr (SM == ScaleMode::kToken) half_scales = p.geom.scale_dtype == ScaleDtype::kFp16;
-  if (half_scales) {
-    if constexpr (SM == ScaleMode::kToken)
-      consume<F, D, SM, ScaleDtype::kFp16>(p, w, a, sm.qf[0], full, page_ids, ring, warp, lane, st);
+  if (producer) {
+    if constexpr (FD == Feed::kProducer) produce<F, D, SM>(p, w, full, empty, page_ids, ring, lane);
   } else {
-    consume<F, D, SM, ScaleDtype::kFp32>(p, w, a, sm.qf[0], full, page_ids, ring, warp, lane, st);
+    run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
+    const PartArgs a = main_args<SM>(p, w, unscale);
+    // One branch on the scale dtype here instead of one per scale read in the page loop.
+    bool half_scales = false;
+    if constexpr (SM == ScaleMode::kToken) half_scales = p.geom.scale_dtype == ScaleDtype::kFp16;
+    auto consume = [&](auto sd) {
+      constexpr ScaleDtype SD = decltype(sd)::value;
+      if constexpr (FD == Feed::kSelf) {
+        consume_self_fed<F, D, SM, SD>(p, w, a, sm.qf[0], full, page_ids, ring, warp, lane, st);
+      } else {
+        consume_produced<F, D, SM, SD>(p, w, a, sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
+      }
+    };
+    if (half_scales) {
+      if constexpr (SM == ScaleMode::kToken) consume(std::integral_constant<ScaleDtype, ScaleDtype::kFp16>{});
+    } else {
+      consume(std::integral_constant<ScaleDtype, ScaleDtype::kFp32>{});
+    }
   }
   merge_and_store<D>(p, w, sm, st, warp, lane);
 }

@@ -7,24 +7,25 @@
 namespace kvq::attention::cuda::detail {
 
 struct DecodeKernelFn {
-  void (*fn)(DecodeParams) = nullptr;
-  bool bulk = false;  // decode_bulk_kernel: kBulkThreads threads and a dynamic shared-memory ring
+  void (*fn)(DecodeParams) = nullptr;           // the register kernel, or the bulk kernel with Feed::kSelf
+  void (*fn_producer)(DecodeParams) = nullptr;  // bulk kernels: the same with Feed::kProducer
+  bool bulk = false;  // decode_bulk_kernel: bulk_threads<Feed>() threads and a dynamic shared-memory ring
   explicit operator bool() const { return fn != nullptr; }
 };
 using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 
 // 8- and 4-bit caches take the bulk-copy kernel, 16-bit caches the register kernel (docs/GPU_NOTES.md
-// §9, §11).
-// The register cap of the bulk kernel lets kBulkMinCtas CTAs share an SM (their rings too). D64 at 4
-// (96 registers, a 32-byte stack): SmolLM2 B64 L8192 fp8 131 -> 120 us at block 16, 93 -> 97 us at
-// block 32 (docs/GPU_NOTES.md §9); D128 at 4 would spill far more (128 already spills).
+// §9, §11, §13). The register cap (kMinCtas) lets that many CTAs share an SM with their rings: with
+// Feed::kSelf (four warps) D64 and D128 at 4 (<= 128 registers; D128 spills 8-12 bytes), D256 at 2;
+// with Feed::kProducer (five warps) D64 at 4 (96 registers), D128 at 3, D256 at 1.
 template <Format F, int D, ScaleMode SM>
 DecodeKernelFn decode_instance() {
   if constexpr (Path<F>::kBits <= 8) {
-    constexpr int kBulkMinCtas = D == 64 ? 4 : D == 128 ? 4 : 2;
-    return {decode_bulk_kernel<F, D, SM, kBulkMinCtas>, true};
+    constexpr int kSelfCtas = D == 256 ? 2 : 4, kProducerCtas = D == 64 ? 4 : D == 128 ? 3 : 1;
+    return {decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf>, decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer>,
+            true};
   } else {
-    return {decode_kernel<F, D, SM, 1>, false};
+    return {decode_kernel<F, D, SM, 1>, nullptr, false};
   }
 }
 

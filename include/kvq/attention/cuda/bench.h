@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kvq/attention/cuda/decode.h"
 #include "kvq/attention/cuda/write.h"
 #include "kvq/common/cuda_device.h"
 #include "kvq/common/status.h"
@@ -51,6 +52,7 @@ struct DecodeBenchOptions {
   int sink_tokens = 256;  // quantized formats only; the bf16 baseline has no sink
   int force_splits = 0;
   int ring_stages = 0;    // 8- and 4-bit caches: DecodeOptions::ring_stages (0: the planner's choice)
+  RingFeed ring_feed = RingFeed::kAuto;  // 8- and 4-bit caches: DecodeOptions::ring_feed
   uint64_t seed = 1;
   BenchTiming timing;
 };
@@ -67,6 +69,7 @@ struct DecodeBenchRow {
   double frac_of_copy = 0;    // tb_per_s / copy bandwidth
   double frac_of_read = 0;    // tb_per_s / read-only streaming bandwidth (decode only reads K/V)
   int ring_stages = 0;        // 8- and 4-bit caches: pages in flight per CTA
+  bool producer_warp = false;  // 8- and 4-bit caches: the plan's ring feed
   double speedup_vs_bf16 = 0; // bf16 median / this median at the same block size (0 when bf16 was not run)
 };
 

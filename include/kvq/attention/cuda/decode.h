@@ -12,9 +12,11 @@
 //
 // One CTA handles (sequence, kv head, group of <= 8 query heads, KV split): every K/V byte of a
 // kv head is read once for its whole GQA group (groups larger than 8 query heads take several
-// CTAs). 8- and 4-bit caches (fp8, FNUZ, int8, int4): a producer warp copies whole page tiles (K, V, scales:
-// each contiguous in the pool) with cp.async.bulk into a ring of `ring_stages` pages in shared
-// memory, four consumer warps attend them from there; 16-bit caches load per lane into registers.
+// CTAs). 8- and 4-bit caches (fp8, FNUZ, int8, int4): whole page tiles (K, V, scales: each
+// contiguous in the pool) are copied with cp.async.bulk into a ring of `ring_stages` pages in shared
+// memory, and four warps attend them from there; the plan picks who refills the ring (`ring_feed`):
+// the attending warps themselves when the grid has many CTAs, a fifth (producer) warp when it has
+// few, each a long chain of pages; 16-bit caches load per lane into registers.
 // Dequantisation is fused: codes are converted in registers and multiplied on tensor cores
 // (mma.sync; fp8/int8/int4 through exact fp16 values, bf16 natively) with the query and the
 // probabilities split into a high and a low half, so the products keep ~22 bits. Per-token and
@@ -49,11 +51,19 @@ struct DecodePlan {
   int threads = 0;          // per CTA
   int ring_stages = 0;      // 8- and 4-bit caches: pages in flight per CTA in the shared-memory ring
   int smem_bytes = 0;       // dynamic shared memory per CTA (the ring and its barriers)
+  bool producer_warp = false;  // 8- and 4-bit caches: a fifth warp refills the ring (else the attending warps)
 };
+
+// Who refills the ring of the 8- and 4-bit kernel. kAuto: a producer warp when fewer than
+// sm_count / 2 CTAs make up one split of the batch (sequences x kv heads x head groups), where every
+// CTA is a long chain of pages and the refill latency is on it; else the attending warps, which
+// leaves room for one more CTA per SM at head_dim 128 (docs/GPU_NOTES.md §13).
+enum class RingFeed : int { kAuto, kSelf, kProducer };
 
 struct DecodeOptions {
   int force_splits = 0;  // > 0: use exactly this many splits (tests, tuning); 0: choose
   int ring_stages = 0;   // 8- and 4-bit caches, > 0: ring depth in pages (rounded to a multiple of 4, 4..16); 0: choose
+  RingFeed ring_feed = RingFeed::kAuto;
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
