@@ -102,24 +102,39 @@ __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in
   }
 }
 
-// Lane 0: requests page `page` of kv head `kv_head` (K tile, V tile, then the K and V scale runs)
-// into stage `st`, completing on `bar`.
+// Where page `page` of kv head `kv_head` comes from: byte offsets of its K/V tiles in the code
+// planes and of its scale runs in the scale planes.
+struct PageSource {
+  size_t codes, scales;
+};
 template <Format F, int D, ScaleMode SM>
-__device__ __forceinline__ void request_page(const DecodeParams& p, int kv_head, int page, uint8_t* st, uint64_t* bar) {
-  constexpr uint32_t kRow = D * Path<F>::kBits / 8;
-  const uint32_t tile = static_cast<uint32_t>(p.block_size) * kRow;  // bulk_tile_bytes
-  const uint32_t sbytes = SM == ScaleMode::kToken ? static_cast<uint32_t>(bulk_scale_bytes(p.geom)) : 0;
-  const size_t e = p.geom.elem_index(page, kv_head, 0) / D * kRow;  // code_offset, D and bits known here
-  mbar_arrive_expect_tx(bar, 2 * tile + 2 * sbytes);
-  bulk_copy_g2s(st, p.k_codes + e, tile, bar);
-  bulk_copy_g2s(st + tile, p.v_codes + e, tile, bar);
+__device__ __forceinline__ PageSource page_source(const DecodeParams& p, int kv_head, int page) {
+  constexpr size_t kRow = D * Path<F>::kBits / 8;
+  PageSource src;
+  src.codes = p.geom.elem_index(page, kv_head, 0) / D * kRow;  // code_offset, D and bits known here
+  src.scales = 0;
   if constexpr (SM == ScaleMode::kToken) {
     size_t si = p.geom.scale_index(page, kv_head, 0);
     // per_block_head: the 16-byte chunk holding the page head's scale (4 fp32 or 8 fp16).
     if (p.geom.granularity != ScaleGranularity::kPerTokenHead) si &= ~(16 / p.geom.scale_bytes() - 1);
-    const size_t off = si * p.geom.scale_bytes();
-    bulk_copy_g2s(st + 2 * tile, static_cast<const uint8_t*>(p.k_scales) + off, sbytes, bar);
-    bulk_copy_g2s(st + 2 * tile + sbytes, static_cast<const uint8_t*>(p.v_scales) + off, sbytes, bar);
+    src.scales = si * p.geom.scale_bytes();
+  }
+  return src;
+}
+
+// Lane 0: requests a page (K tile, V tile, then the K and V scale runs) into stage `st`, completing
+// on `bar`.
+template <Format F, int D, ScaleMode SM>
+__device__ __forceinline__ void request_page(const DecodeParams& p, const PageSource& src, uint8_t* st, uint64_t* bar) {
+  constexpr uint32_t kRow = D * Path<F>::kBits / 8;
+  const uint32_t tile = static_cast<uint32_t>(p.block_size) * kRow;  // bulk_tile_bytes
+  const uint32_t sbytes = SM == ScaleMode::kToken ? static_cast<uint32_t>(bulk_scale_bytes(p.geom)) : 0;
+  mbar_arrive_expect_tx(bar, 2 * tile + 2 * sbytes);
+  bulk_copy_g2s(st, p.k_codes + src.codes, tile, bar);
+  bulk_copy_g2s(st + tile, p.v_codes + src.codes, tile, bar);
+  if constexpr (SM == ScaleMode::kToken) {
+    bulk_copy_g2s(st + 2 * tile, static_cast<const uint8_t*>(p.k_scales) + src.scales, sbytes, bar);
+    bulk_copy_g2s(st + 2 * tile + sbytes, static_cast<const uint8_t*>(p.v_scales) + src.scales, sbytes, bar);
   }
 }
 
@@ -183,7 +198,8 @@ __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, uint64_t* fu
     const int s = warp + kDecodeWarps * k, page = __shfl_sync(0xffffffffu, ids, k);
     if (lane == 0) {
       page_ids[s] = page;
-      request_page<F, D, SM>(p, w.kv_head, page, ring + static_cast<size_t>(s) * p.stage_bytes, &full[s]);
+      request_page<F, D, SM>(p, page_source<F, D, SM>(p, w.kv_head, page), ring + static_cast<size_t>(s) * p.stage_bytes,
+                             &full[s]);
     }
   }
 }
@@ -206,6 +222,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
       ids_next = wp.window(warp, kb + 32, lane);
     }
     const int refill = k + R < wp.count ? __shfl_sync(0xffffffffu, ids, k + R - kb) : -1;
+    const PageSource refill_src = page_source<F, D, SM>(p, w.kv_head, max(refill, 0));  // off the refill's path
     mbar_wait(&full[s], phase);
     uint8_t* stage = ring + static_cast<size_t>(s) * p.stage_bytes;
     attend_page<F, D, SM, SD>(p, w, a, qf, stage, page_ids[s], warp + kDecodeWarps * k, lane, st);
@@ -215,7 +232,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
     __syncwarp();
     if (lane == 0 && refill >= 0) {
       page_ids[s] = refill;
-      request_page<F, D, SM>(p, w.kv_head, refill, stage, &full[s]);
+      request_page<F, D, SM>(p, refill_src, stage, &full[s]);
     }
     s += kDecodeWarps;
     if (s >= S) s -= S, phase ^= 1u;
@@ -238,9 +255,12 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full,
     for (int j = 0; j < n; ++j) {
       const int page = __shfl_sync(0xffffffffu, mine, j);
       if (lane == 0) {
+        // The addresses first: only the copies wait for the stage to be free.
+        const PageSource src = page_source<F, D, SM>(p, w.kv_head, page);
+        uint8_t* st = ring + static_cast<size_t>(s) * p.stage_bytes;
         if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
         page_ids[s] = page;
-        request_page<F, D, SM>(p, w.kv_head, page, ring + static_cast<size_t>(s) * p.stage_bytes, &full[s]);
+        request_page<F, D, SM>(p, src, st, &full[s]);
       }
       if (++s == S) s = 0, ++use;
     }
