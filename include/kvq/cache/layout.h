@@ -184,10 +184,10 @@ KVQ_HD int recent_first_main(int q_pos, int sink_len, int main_len, int recent_t
 }
 // Element i of a scale plane of dtype d, widened to float. fp16 planes hold the bits of values
 // quant::stored_scale made exactly representable, so store then load returns the same float.
-// The host copies bytes (its planes are float storage whatever the dtype: no type punning).
-// The dtype as a template argument: what a kernel's inner loop calls once it has dispatched on the
-// dtype (a run-time choice there costs a branch per scale). The device widens fp16 with the hardware
-// conversion, which is exact like fp16_to_float.
+// The host copies bytes (its planes are float storage whatever the dtype: no type punning); the
+// device widens fp16 with the hardware conversion, exact like fp16_to_float. The template form is
+// what a kernel's inner loop calls once it has dispatched on the dtype (a run-time choice there
+// costs a branch per scale read).
 template <ScaleDtype D>
 KVQ_HD float load_scale(const void* plane, size_t i) {
 #if defined(__CUDA_ARCH__)
@@ -206,20 +206,7 @@ KVQ_HD float load_scale(const void* plane, size_t i) {
 #endif
 }
 KVQ_HD float load_scale(const void* plane, size_t i, ScaleDtype d) {
-#if defined(__CUDA_ARCH__)
-  if (d == ScaleDtype::kFp16) return load_scale<ScaleDtype::kFp16>(plane, i);
-  return load_scale<ScaleDtype::kFp32>(plane, i);
-#else
-  const auto* b = static_cast<const unsigned char*>(plane);
-  if (d == ScaleDtype::kFp16) {
-    uint16_t h;
-    std::memcpy(&h, b + i * 2, 2);
-    return format::fp16_to_float(h);
-  }
-  float f;
-  std::memcpy(&f, b + i * 4, 4);
-  return f;
-#endif
+  return d == ScaleDtype::kFp16 ? load_scale<ScaleDtype::kFp16>(plane, i) : load_scale<ScaleDtype::kFp32>(plane, i);
 }
 KVQ_HD void store_scale(void* plane, size_t i, float s, ScaleDtype d) {
 #if defined(__CUDA_ARCH__)
