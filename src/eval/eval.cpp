@@ -111,6 +111,9 @@ Result<PassResult> Evaluator::run_pass(int pass, const std::vector<QuantSpec>& s
   eo.max_tokens = max_len;
   eo.weights = opts_.runner.weights;
   eo.cuda_graphs = opts_.runner.cuda_graphs;
+  // Windows forwarded together must score as they would alone: BLAS and cuBLAS may round a row
+  // differently with the row count (OpenBLAS on AMD Zen does), so the products run per window.
+  eo.batch_invariant = inflight > 1;
   auto make_lane = [&](Lane& l, const QuantSpec& spec) -> Status {
     l.spec = spec;
     l.window.assign(static_cast<size_t>(inflight), Accumulator{});

@@ -312,7 +312,7 @@ const RegisterCommand kRegister{{[](CLI::App& app) -> std::function<int()> {
       ->check(CLI::IsMember({"auto", "fp32", "bf16"}))
       ->capture_default_str();
   c->add_option("--windows-in-flight", o->windows_in_flight,
-                "windows forwarded together (0: 4 on cuda, 1 on cpu)")
+                "windows forwarded together (0: 4 on cuda, 1 on cpu); the results do not depend on it")
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
   c->add_flag("--search", o->search,
