@@ -127,8 +127,9 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       stages = std::clamp(opts.ring_stages / kStep * kStep, kStep, detail::kMaxStages);
     } else {
       // About kRingPerSm bytes of ring per SM, shared by the CTAs that fit with the shallowest ring,
-      // and never so deep that one fewer fits. Measured best depths (docs/GPU_NOTES.md §9): 16 pages
-      // of 2 KB (D64) and 8 of 4 KB (D128) at 3 CTAs/SM, 16 of 8 KB (D256) at 1 CTA/SM.
+      // and never so deep that one fewer fits. Measured best depths (docs/GPU_NOTES.md §9, §13): with
+      // the producer warp 16 pages of 2 KB (D64) and 8 of 4 KB (D128) at 3 CTAs/SM, 16 of 8 KB (D256) at
+      // 1 CTA/SM; self-fed, 8 of 4 KB at 4 CTAs/SM (D128) beat 12 at 3 and 16 at 2.
       constexpr int kRingPerSm = 136 << 10;
       const int base = occupancy(kStep);
       stages = std::clamp(kRingPerSm / std::max(base, 1) / stage / kStep * kStep, kStep, detail::kMaxStages);
