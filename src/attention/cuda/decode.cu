@@ -93,10 +93,8 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     p.producer_warp = opts.ring_feed == RingFeed::kProducer ||
                       (opts.ring_feed == RingFeed::kAuto && base < std::max(dev.sm_count, 1) / 2);
   }
-  void (*const fn)(detail::DecodeParams) = p.producer_warp ? kern.fn_producer : kern.fn;
-  p.threads = !kern.bulk ? detail::kDecodeThreads
-              : p.producer_warp ? detail::bulk_threads<detail::Feed::kProducer>()
-                                : detail::bulk_threads<detail::Feed::kSelf>();
+  void (*const fn)(detail::DecodeParams) = kern.kernel(p.producer_warp);
+  p.threads = kern.threads(p.producer_warp);
   if (kern.bulk) {
     // Allow the kernel the whole opt-in shared memory once: the attribute is per function, and plans
     // of other geometries (block size) share the instance with rings of other sizes.
@@ -184,10 +182,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   const detail::DecodeKernelFn kern = kernel_for(a.geom);
   if (a.tables.num_seqs != p.num_seqs || a.num_q_heads != p.num_q_heads || a.tables.max_blocks > p.max_blocks ||
       a.tables.max_sink_blocks > p.max_sink_blocks || p.num_splits < 1 ||
-      (p.producer_warp && !kern.bulk) ||
-      p.threads != (!kern.bulk ? detail::kDecodeThreads
-                    : p.producer_warp ? detail::bulk_threads<detail::Feed::kProducer>()
-                                      : detail::bulk_threads<detail::Feed::kSelf>()) ||
+      (p.producer_warp && !kern.bulk) || p.threads != kern.threads(p.producer_warp) ||
       (kern.bulk && (p.ring_stages < detail::kDecodeWarps || p.ring_stages > detail::kMaxStages ||
                      p.smem_bytes != detail::kRingOffset + p.ring_stages * detail::bulk_stage_bytes(a.geom))))
     return invalid_argument("cuda decode: the plan was made for another batch shape or cache geometry (sequences, heads, table widths, format); call plan() again");
@@ -218,7 +213,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   }
   const dim3 grid(p.num_splits, g.num_kv_heads * p.head_groups, a.tables.num_seqs);
   if (grid.y > 65535) return unsupported("cuda decode: too many kv heads x head groups for one launch");
-  (p.producer_warp ? kern.fn_producer : kern.fn)<<<grid, p.threads, p.smem_bytes, stream>>>(k);
+  kern.kernel(p.producer_warp)<<<grid, p.threads, p.smem_bytes, stream>>>(k);
   KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;

@@ -156,10 +156,15 @@ __device__ __forceinline__ int split_pages(const DecodeParams& p, const CtaWork&
   return (w.main_t1 + tpp - 1) / tpp - w.main_t0 / tpp;
 }
 
+// The split's first page in the sequence's block table.
+__device__ __forceinline__ const int32_t* split_table(const DecodeParams& p, const CtaWork& w) {
+  return p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + split_first_page(p, w);
+}
+
 __device__ __forceinline__ WarpPages warp_pages(const DecodeParams& p, const CtaWork& w, int warp) {
   const int n_pages = split_pages(p, w);
   WarpPages wp;
-  wp.table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + split_first_page(p, w);
+  wp.table = split_table(p, w);
   wp.count = warp < n_pages ? (n_pages - 1 - warp) / kDecodeWarps + 1 : 0;
   return wp;
 }
@@ -246,7 +251,7 @@ template <Format F, int D, ScaleMode SM>
 __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full, uint64_t* empty, int* page_ids,
                         uint8_t* ring, int lane) {
   const int n_pages = split_pages(p, w);
-  const int32_t* table = p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + split_first_page(p, w);
+  const int32_t* table = split_table(p, w);
   const int S = p.ring_stages;
   int s = 0, use = 0;  // page i: stage i % S, use i / S, stepped
   for (int base = 0; base < n_pages; base += 32) {

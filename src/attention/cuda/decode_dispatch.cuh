@@ -11,6 +11,12 @@ struct DecodeKernelFn {
   void (*fn_producer)(DecodeParams) = nullptr;  // bulk kernels: the same with Feed::kProducer
   bool bulk = false;  // decode_bulk_kernel: bulk_threads<Feed>() threads and a dynamic shared-memory ring
   explicit operator bool() const { return fn != nullptr; }
+  // The kernel and its CTA size for a plan's feed (producer: DecodePlan::producer_warp).
+  void (*kernel(bool producer) const)(DecodeParams) { return producer ? fn_producer : fn; }
+  int threads(bool producer) const {
+    if (!bulk) return kDecodeThreads;
+    return producer ? bulk_threads<Feed::kProducer>() : bulk_threads<Feed::kSelf>();
+  }
 };
 using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 

@@ -67,7 +67,7 @@ struct Path {
   static constexpr int kBytes = kBits == 16 ? 2 : 1;  // per code (int4: two codes per byte)
   static constexpr bool kBf16Mma = F == Format::kBf16;
   static constexpr bool kInt4 = F == Format::kInt4;
-  static constexpr bool kFiniteCodes = F == Format::kInt8 || F == Format::kInt4;  // no code decodes to NaN/inf
+  static constexpr bool kFiniteCodes = format_traits(F).kind == CodeKind::kInteger;  // no code decodes to NaN/inf
 
   // Head-dim element that lane t's K words feed to contraction row r of QK mma M, r = 0..3 for the
   // rows 2t, 2t+1, 2t+8, 2t+9 (what build_q_frags puts there). Lane t holds K pieces t, t+4, ...
