@@ -101,19 +101,23 @@ void check_case(const AttnCase& c) {
 
   // One, planned and an odd number of splits; then the smallest ring (8-bit caches), so every
   // stage is reused many times and a stale phase or an early release would show; each ring feed
-  // (the planner picks one by the batch shape) with the planned and the smallest ring.
+  // (the planner picks one by the batch shape) with the planned and the smallest ring; 7 splits with
+  // the sink dealt over all of them (what a one-wave plan does) and with the sink first.
   struct Run {
     int splits, ring_stages;
     kc::RingFeed feed;
+    int spread_sink = -1;
   };
-  for (const Run run : {Run{1, 0, kc::RingFeed::kAuto}, Run{0, 0, kc::RingFeed::kAuto}, Run{7, 0, kc::RingFeed::kAuto},
+  for (const Run run : {Run{1, 0, kc::RingFeed::kAuto}, Run{0, 0, kc::RingFeed::kAuto}, Run{7, 0, kc::RingFeed::kAuto, 1},
                         Run{0, 4, kc::RingFeed::kSelf}, Run{0, 4, kc::RingFeed::kProducer},
-                        Run{0, 0, kc::RingFeed::kSelf}, Run{7, 0, kc::RingFeed::kProducer}}) {
+                        Run{0, 0, kc::RingFeed::kSelf}, Run{7, 0, kc::RingFeed::kProducer, 1},
+                        Run{7, 0, kc::RingFeed::kSelf, 0}, Run{7, 0, kc::RingFeed::kProducer, 0}}) {
     const int forced = run.splits;
     kc::DecodeOptions opts;
     opts.force_splits = forced;
     opts.ring_stages = run.ring_stages;
     opts.ring_feed = run.feed;
+    opts.spread_sink = run.spread_sink;
     auto plan = kc::plan(a, dev, opts);
     ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
     auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(a, plan.value()), 16));
@@ -127,6 +131,7 @@ void check_case(const AttnCase& c) {
     ASSERT_OK(dout.value().download(got.data(), got.size() * 4));
     ASSERT_OK(dlse.value().download(got_lse.data(), got_lse.size() * 4));
     const std::string tag = c.name() + " splits=" + std::to_string(plan.value().num_splits) +
+                            (plan.value().spread_sink ? " sink spread" : " sink first") +
                             " stages=" + std::to_string(plan.value().ring_stages) +
                             (plan.value().producer_warp ? " producer" : " self");
     ASSERT_TRUE(testing::all_finite(got.data(), got.size())) << tag << ": output has NaN/inf (unwritten or poisoned read)";
@@ -139,7 +144,8 @@ void check_case(const AttnCase& c) {
                                    << tables.seq_lens[r / hq] << ", sink " << tables.sink_lens[r / hq] << ")";
       ASSERT_NEAR(got_lse[r], ref_lse[r], kLseAbs) << tag << " lse row " << r;
     }
-    ::testing::Test::RecordProperty("worst_rel_l2_s" + std::to_string(forced) + "_r" + std::to_string(run.ring_stages) +
+    ::testing::Test::RecordProperty("worst_rel_l2_s" + std::to_string(forced) + "_ss" + std::to_string(run.spread_sink) +
+                                        "_r" + std::to_string(run.ring_stages) +
                                         (plan.value().producer_warp ? "_p" : "_s"),
                                     std::to_string(worst));
   }

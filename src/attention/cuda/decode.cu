@@ -146,14 +146,21 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     occ = 2;
   }
   p.ctas_per_sm = occ;
+  const long long wave = static_cast<long long>(std::max(dev.sm_count, 1)) * occ;
+  // One wave: every split's CTA runs at once and the slowest sets the time, so the sink (bf16 tiles on
+  // the register path) is dealt over all splits; more waves absorb a few long CTAs, and a sink in
+  // every split would add its load latency to every CTA (split_work.h, docs/GPU_NOTES.md §14).
+  auto set_spread_sink = [&] {
+    p.spread_sink = opts.spread_sink >= 0 ? opts.spread_sink == 1 : base * p.num_splits <= wave;
+  };
   if (opts.force_splits > 0) {
     p.num_splits = opts.force_splits;
+    set_spread_sink();
     return p;
   }
   // Cost model: a CTA's time ~ its tiles plus a fixed overhead; CTAs run in waves of
   // sm_count * occupancy. Pick the split count with the least waves x (tiles per split + overhead);
   // a split adds a merge pass, so ties go to fewer splits.
-  const long long wave = static_cast<long long>(std::max(dev.sm_count, 1)) * occ;
   const int max_tiles = std::max(1, ceil_div(p.max_tokens, detail::kTileTokens));
   constexpr int kMinTilesPerSplit = 16, kOverheadTiles = 6, kMaxSplits = 256;
   const int s_max = std::clamp(max_tiles / kMinTilesPerSplit, 1, kMaxSplits);
@@ -166,6 +173,7 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       p.num_splits = s;
     }
   }
+  set_spread_sink();
   return p;
 }
 
@@ -200,7 +208,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   k.q = a.q, k.out = a.out, k.lse = a.lse;
   k.num_kv_heads = g.num_kv_heads, k.num_q_heads = a.num_q_heads;
   k.group = a.num_q_heads / g.num_kv_heads, k.head_groups = p.head_groups;
-  k.block_size = g.block_size, k.num_splits = p.num_splits;
+  k.block_size = g.block_size, k.num_splits = p.num_splits, k.spread_sink = p.spread_sink ? 1 : 0;
   k.geom = g;
   k.softmax_scale = a.softmax_scale;
   k.fnuz_factor = g.format == Format::kFp8E4m3Fnuz ? 0.5f : 1.f;

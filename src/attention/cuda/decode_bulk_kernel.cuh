@@ -148,21 +148,13 @@ struct WarpPages {
   __device__ int window(int warp, int k0, int lane) const { return k0 + lane < count ? page(warp, k0 + lane) : 0; }
 };
 
-__device__ __forceinline__ int split_first_page(const DecodeParams& p, const CtaWork& w) {
-  return w.main_t0 / (p.block_size / kTileTokens);
-}
-__device__ __forceinline__ int split_pages(const DecodeParams& p, const CtaWork& w) {
-  const int tpp = p.block_size / kTileTokens;
-  return (w.main_t1 + tpp - 1) / tpp - w.main_t0 / tpp;
-}
-
 // The split's first page in the sequence's block table.
 __device__ __forceinline__ const int32_t* split_table(const DecodeParams& p, const CtaWork& w) {
-  return p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + split_first_page(p, w);
+  return p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + w.first_page;
 }
 
 __device__ __forceinline__ WarpPages warp_pages(const DecodeParams& p, const CtaWork& w, int warp) {
-  const int n_pages = split_pages(p, w);
+  const int n_pages = w.main_pages;
   WarpPages wp;
   wp.table = split_table(p, w);
   wp.count = warp < n_pages ? (n_pages - 1 - warp) / kDecodeWarps + 1 : 0;
@@ -180,7 +172,7 @@ __device__ __forceinline__ void attend_page(const DecodeParams& p, const CtaWork
     if (p.geom.granularity != ScaleGranularity::kPerTokenHead)
       scale_sub = static_cast<int>(p.geom.scale_index(page_id, w.kv_head, 0) & (16 / p.geom.scale_bytes() - 1));
   }
-  const int tile0 = (split_first_page(p, w) + i) * tpp;
+  const int tile0 = (w.first_page + i) * tpp;
   for (int kt = 0; kt < tpp; kt += 2) {
     if (tile0 + kt >= w.main_t1) break;
     Payload<F, D> pl[2];
@@ -250,7 +242,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
 template <Format F, int D, ScaleMode SM>
 __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full, uint64_t* empty, int* page_ids,
                         uint8_t* ring, int lane) {
-  const int n_pages = split_pages(p, w);
+  const int n_pages = w.main_pages;
   const int32_t* table = split_table(p, w);
   const int S = p.ring_stages;
   int s = 0, use = 0;  // page i: stage i % S, use i / S, stepped
@@ -276,7 +268,7 @@ template <Format F, int D, ScaleMode SM, ScaleDtype SD>
 __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const PartArgs& a, const uint4* qf,
                                  uint64_t* full, uint64_t* empty, const int* page_ids, const uint8_t* ring, int warp,
                                  int lane, State<D>& st) {
-  const int S = p.ring_stages, n_pages = split_pages(p, w);
+  const int S = p.ring_stages, n_pages = w.main_pages;
   int s = warp;
   uint32_t phase = 0;
   for (int i = warp; i < n_pages; i += kDecodeWarps) {

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "device_util.cuh"
+#include "kvq/attention/cuda/split_work.h"
 #include "kvq/cache/layout.h"
 #include "kvq/format/format.h"
 
@@ -53,6 +54,7 @@ struct DecodeParams {
   float* part_lse;  // [seq][q head][split]
   cache::CacheGeometry geom;  // element and scale addresses (elem_index / scale_index)
   int num_kv_heads, num_q_heads, group, head_groups, block_size, num_splits;
+  int spread_sink;  // the sink's tiles dealt over all splits (SplitShape::spread_sink), else the first
   float softmax_scale;
   float fnuz_factor;  // 0.5 for FNUZ read as OCP, else 1
   int ring_stages;    // bulk kernel: pages in flight per CTA (a multiple of kDecodeWarps, <= kMaxStages)
@@ -452,15 +454,14 @@ struct DecodeSmem {
 
 // ---- pieces shared by the register kernel (16-bit caches) and the bulk kernel (8-bit caches) ----------
 
-// Which query heads and which tiles a CTA owns. Work units are the sink's 8-token tiles followed by
-// the main part's tiles; a split takes `per_split` consecutive units. The bulk kernel moves whole
-// pages, so it rounds per_split up to whole pages (unit_align = tiles per page) and gives each main
-// page to the split holding its first tile.
+// Which query heads and which tiles a CTA owns: the sequence's sink and main tiles dealt to the
+// splits by split_range (kvq/attention/cuda/split_work.h, shared with its host test).
 struct CtaWork {
   int kv_head, hq0, valid_heads, seq, split;
   int sink_len, n_sink_tiles, n_main;
   int sink_t0, sink_t1;  // sink tiles of this split
   int main_t0, main_t1;  // main tiles of this split (whole pages when unit_align > 1)
+  int main_pages, first_page;  // the bulk kernel's pages of the main part (unit_align = tiles per page)
   __device__ bool empty() const { return sink_t0 >= sink_t1 && main_t0 >= main_t1; }
 };
 
@@ -476,18 +477,16 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p, int unit_alig
   w.sink_len = min(max(p.sink_lens[w.seq], 0), len);
   w.n_sink_tiles = (w.sink_len + kTileTokens - 1) / kTileTokens;
   w.n_main = len - w.sink_len;
-  const int main_units = (w.n_main + kTileTokens * unit_align - 1) / (kTileTokens * unit_align) * unit_align;
-  const int n_units = w.n_sink_tiles + main_units;
-  int per_split = (n_units + p.num_splits - 1) / p.num_splits;
-  per_split = (per_split + unit_align - 1) / unit_align * unit_align;
-  const int u0 = min(w.split * per_split, n_units), u1 = min(u0 + per_split, n_units);
-  w.sink_t0 = min(u0, w.n_sink_tiles), w.sink_t1 = min(u1, w.n_sink_tiles);
-  // A main page belongs to the split holding its first unit.
-  auto first_page = [&](int u) { return (max(u - w.n_sink_tiles, 0) + unit_align - 1) / unit_align; };
-  const int n_main_tiles = (w.n_main + kTileTokens - 1) / kTileTokens;
-  w.main_t0 = min(first_page(u0) * unit_align, n_main_tiles);
-  w.main_t1 = min(first_page(u1) * unit_align, n_main_tiles);
-  if (u1 == n_units) w.main_t1 = n_main_tiles;
+  SplitShape shape;
+  shape.n_sink_tiles = w.n_sink_tiles;
+  shape.n_main_tiles = (w.n_main + kTileTokens - 1) / kTileTokens;
+  shape.num_splits = p.num_splits;
+  shape.spread_sink = p.spread_sink != 0;
+  shape.unit_align = unit_align;
+  const SplitRange r = split_range(shape, w.split);
+  w.sink_t0 = r.sink_t0, w.sink_t1 = r.sink_t1;
+  w.main_t0 = r.main_t0, w.main_t1 = r.main_t1;
+  w.main_pages = r.pages(unit_align), w.first_page = r.first_page(unit_align);
   return w;
 }
 

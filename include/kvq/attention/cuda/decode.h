@@ -44,6 +44,7 @@ using Stream = CUstream_st*;
 
 struct DecodePlan {
   int num_splits = 1;       // KV splits per (sequence, kv head, head group)
+  bool spread_sink = false;  // the bf16 sink's tiles dealt over all splits (one-wave plans), else the first ones
   int head_groups = 1;      // ceil(group / 8)
   int ctas_per_sm = 0;      // occupancy the plan assumed
   int max_tokens = 0;       // per sequence, from the table widths the plan was made for
@@ -64,6 +65,7 @@ struct DecodeOptions {
   int force_splits = 0;  // > 0: use exactly this many splits (tests, tuning); 0: choose
   int ring_stages = 0;   // 8- and 4-bit caches, > 0: ring depth in pages (rounded to a multiple of 4, 4..16); 0: choose
   RingFeed ring_feed = RingFeed::kAuto;
+  int spread_sink = -1;  // 1: deal the sink over all splits, 0: the first ones first (tests); -1: choose
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
