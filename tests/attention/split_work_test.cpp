@@ -60,9 +60,13 @@ TEST(SplitWork, EveryTileAttendedExactlyOnce) {
             for (size_t t = 0; t < c.main.size(); ++t) ASSERT_EQ(c.main[t], 1) << tag << ": main tile " << t;
             for (int split = 0; split < splits; ++split) {
               const kc::SplitRange r = kc::split_range(s, split);
-              if (r.main_t0 < r.main_t1) ASSERT_EQ(r.main_t0 % ua, 0) << tag << ": split " << split << " starts mid-page";
+              if (r.main_t0 < r.main_t1) {
+                ASSERT_EQ(r.main_t0 % ua, 0) << tag << ": split " << split << " starts mid-page";
+              }
               // Spread: each split holds its even share of the sink, at most one tile more.
-              if (spread) ASSERT_LE(r.sink_t1 - r.sink_t0, (s.n_sink_tiles + splits - 1) / splits) << tag << ": split " << split;
+              if (spread) {
+                ASSERT_LE(r.sink_t1 - r.sink_t0, (s.n_sink_tiles + splits - 1) / splits) << tag << ": split " << split;
+              }
             }
             ++cases;
           }
