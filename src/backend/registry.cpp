@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/reproducible.h"
 #include "kvq/backend/backend.h"
 #include "kvq/common/hardware.h"
 #include "kvq/format/auto_format.h"
@@ -16,6 +17,13 @@ namespace kvq::backend {
 const char* backend_name(BackendKind k) { return k == BackendKind::kCuda ? "cuda" : "cpu"; }
 
 size_t dtype_size(DType t) { return t == DType::kBf16 ? 2 : 4; }
+
+const char* numerics_name(Numerics n) { return n == Numerics::kReproducible ? "reproducible" : "fast"; }
+Result<Numerics> parse_numerics(std::string_view name) {
+  if (name == "fast") return Numerics::kFast;
+  if (name == "reproducible") return Numerics::kReproducible;
+  return invalid_argument("unknown numerics '" + std::string(name) + "' (use fast or reproducible)");
+}
 
 namespace {
 Status cuda_usable() {
@@ -66,7 +74,10 @@ Format auto_cache_format(BackendKind kind) {
 }
 
 Result<std::unique_ptr<Backend>> create_backend(BackendKind kind, const BackendOptions& opts) {
-  if (kind == BackendKind::kCpu) return std::unique_ptr<Backend>(new CpuBackend(opts));
+  if (kind == BackendKind::kCpu) {
+    if (opts.numerics == Numerics::kReproducible) KVQ_RETURN_IF_ERROR(cpu_reproducible::supported());
+    return std::unique_ptr<Backend>(new CpuBackend(opts));
+  }
 #ifdef KVQ_HAVE_CUDA
   KVQ_RETURN_IF_ERROR(cuda_usable());
   return create_cuda_backend(opts);

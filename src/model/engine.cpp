@@ -142,8 +142,11 @@ Status Engine::Impl::init(const Model& m, const QuantSpec& s, backend::Backend& 
   if (opts.max_step_tokens == 0) opts.max_step_tokens = opts.chunk_tokens * std::min(opts.max_seqs, 8);
   opts.max_step_tokens = static_cast<int>(std::min<int64_t>(
       std::max({opts.max_step_tokens, opts.chunk_tokens, opts.max_seqs}), int64_t{opts.max_seqs} * opts.max_tokens));
+  // Reproducible numerics compare backends bit for bit: auto weights are fp32 on every backend.
+  const bool f32_auto = backend.kind() == backend::BackendKind::kCpu ||
+                        backend.numerics() == backend::Numerics::kReproducible;
   wdtype = opts.weights == WeightsDType::kAuto
-               ? (backend.kind() == backend::BackendKind::kCpu ? DType::kF32 : DType::kBf16)
+               ? (f32_auto ? DType::kF32 : DType::kBf16)
                : (opts.weights == WeightsDType::kF32 ? DType::kF32 : DType::kBf16);
   if (s.rotation == KvRotation::kHadamard) {
     // Refused here, with the model's head size, rather than at the first forward.

@@ -155,19 +155,37 @@ inline double rel_l2(const float* got, const double* ref, size_t n) {
   return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
-// One backend instance per kind for the whole test binary (a CUDA backend is costly to create).
-// Never destroyed: a device backend torn down by static destructors may outlive its runtime.
-inline Backend* shared_backend(BackendKind kind) {
-  static auto* backends = new std::map<BackendKind, std::unique_ptr<Backend>>();
-  auto it = backends->find(kind);
+// A backend kind in one numerics mode (backend.h): the harness runs every op case on each.
+struct Variant {
+  BackendKind kind = BackendKind::kCpu;
+  Numerics numerics = Numerics::kFast;
+};
+inline std::string variant_name(const Variant& v) {
+  return std::string(backend_name(v.kind)) + (v.numerics == Numerics::kReproducible ? "_reproducible" : "");
+}
+// Every available kind in both modes.
+inline std::vector<Variant> available_variants() {
+  std::vector<Variant> v;
+  for (Numerics n : {Numerics::kFast, Numerics::kReproducible})
+    for (BackendKind k : available_backends()) v.push_back({k, n});
+  return v;
+}
+
+// One backend instance per kind and mode for the whole test binary (a CUDA backend is costly to
+// create). Never destroyed: a device backend torn down by static destructors may outlive its runtime.
+inline Backend* shared_backend(BackendKind kind, Numerics numerics = Numerics::kFast) {
+  static auto* backends = new std::map<std::pair<BackendKind, Numerics>, std::unique_ptr<Backend>>();
+  auto it = backends->find({kind, numerics});
   if (it != backends->end()) return it->second.get();
-  auto b = create_backend(kind);
+  BackendOptions o;
+  o.numerics = numerics;
+  auto b = create_backend(kind, o);
   if (!b.is_ok()) {
     ADD_FAILURE() << "available_backends() lists " << backend_name(kind) << " but create_backend fails: "
                   << b.status().to_string();
     return nullptr;
   }
-  return ((*backends)[kind] = std::move(b).value()).get();
+  return ((*backends)[{kind, numerics}] = std::move(b).value()).get();
 }
 
 }  // namespace kvq::backend::testing

@@ -218,10 +218,10 @@ std::vector<OpCase> all_cases() {
 
 // ---- the suite -----------------------------------------------------------------------------------
 
-class BackendOps : public ::testing::TestWithParam<std::tuple<BackendKind, OpCase>> {
+class BackendOps : public ::testing::TestWithParam<std::tuple<testing::Variant, OpCase>> {
  protected:
   void SetUp() override {
-    be_ = testing::shared_backend(std::get<0>(GetParam()));
+    be_ = testing::shared_backend(std::get<0>(GetParam()).kind, std::get<0>(GetParam()).numerics);
     ASSERT_NE(be_, nullptr);
   }
   Backend& be() { return *be_; }
@@ -645,10 +645,10 @@ TEST_P(BackendOps, MatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendOps,
-                         ::testing::Combine(::testing::ValuesIn(available_backends()),
+                         ::testing::Combine(::testing::ValuesIn(testing::available_variants()),
                                             ::testing::ValuesIn(all_cases())),
-                         [](const ::testing::TestParamInfo<std::tuple<BackendKind, OpCase>>& info) {
-                           return std::string(backend_name(std::get<0>(info.param))) + "_" +
+                         [](const ::testing::TestParamInfo<std::tuple<testing::Variant, OpCase>>& info) {
+                           return testing::variant_name(std::get<0>(info.param)) + "_" +
                                   std::get<1>(info.param).name();
                          });
 
@@ -703,7 +703,7 @@ TEST(BackendOpsCases, EveryAxisValueAppears) {
                   }),
                   1);
   std::printf("backend op cases: %zu per backend, backends:", cases.size());
-  for (BackendKind k : available_backends()) std::printf(" %s", backend_name(k));
+  for (const testing::Variant& v : testing::available_variants()) std::printf(" %s", testing::variant_name(v).c_str());
   std::printf("\n");
 }
 

@@ -41,6 +41,7 @@ CacheFlagSet make_bench_decode() {
   s.rotate = false;  // times the attention kernels alone; a rotation would not change them
   s.recent = false;
   s.kv_config = false;
+  s.numerics = false;  // times the fast kernels
   s.aliases = {{"--formats", "--kv-cache-dtype"}, {"--granularity", "--kv-scale-granularity"},
                {"--sink", "--kv-sink-tokens"}};
   return s;
@@ -51,7 +52,7 @@ CacheFlagSet make_bench_write() {
   s.command = "bench write";
   s.lists = true;
   s.sink = false;  // the write benchmark has no sink
-  s.rotate = s.recent = s.kv_config = false;
+  s.rotate = s.recent = s.kv_config = s.numerics = false;
   s.defaults.kv_cache_dtype = "fp8_e4m3,fp8_fnuz,int8,bf16";
   s.defaults.kv_scale_granularity = "per_token_head,per_block_head";
   s.aliases = {{"--formats", "--kv-cache-dtype"}, {"--granularities", "--kv-scale-granularity"}};
@@ -61,7 +62,7 @@ CacheFlagSet make_bench_write() {
 CacheFlagSet make_report() {
   CacheFlagSet s;
   s.command = "report";
-  s.dtype = s.granularity = s.scale_dtype = s.backend = s.rotate = s.recent = s.kv_config = false;  // report sweeps every format itself, on the CPU
+  s.dtype = s.granularity = s.scale_dtype = s.backend = s.rotate = s.recent = s.kv_config = s.numerics = false;  // report sweeps every format itself, on the CPU
   s.defaults.sink_tokens = 0;
   s.aliases = {{"--sink", "--kv-sink-tokens"}};
   return s;
@@ -151,6 +152,13 @@ void add_cache_options(CLI::App* app, CacheCliOptions& o, CacheCommand cmd) {
         ->check(CLI::IsMember(std::vector<std::string>(std::begin(kBackendChoices), std::end(kBackendChoices))))
         ->capture_default_str();
   }
+  if (set.numerics) {
+    app->add_option("--numerics", o.numerics,
+                    "fast, or reproducible: every op in one fixed fp32 order written once for CPU and GPU, so "
+                    "--backend cuda gives the CPU's logits, codes and scales bit for bit (slower; fp32 weights)")
+        ->check(CLI::IsMember(std::vector<std::string>{"fast", "reproducible"}))
+        ->capture_default_str();
+  }
   for (const CacheFlagSet::Alias& a : set.aliases) {
     const std::string n = a.new_name;
     if (n == "--kv-cache-dtype") add_alias(app, set, a, o.kv_cache_dtype);
@@ -235,6 +243,9 @@ Result<ModelRun> open_model_run(const ModelRunFlags& flags,
   const auto t0 = std::chrono::steady_clock::now();
   backend::BackendOptions bo;
   bo.cpu_threads = flags.cpu_threads;
+  auto numerics = backend::parse_numerics(flags.numerics);
+  if (!numerics.is_ok()) return named("--numerics", numerics.status());
+  bo.numerics = numerics.value();
   auto be = backend::create_backend(run.kind, bo);
   if (!be.is_ok()) return named("--backend " + flags.backend, be.status());
   run.backend = std::move(be).value();

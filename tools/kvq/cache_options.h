@@ -15,6 +15,7 @@
 //                           generate and serve use it in place of --kv-cache-dtype; eval adds it to
 //                           the specs it compares (label "kv-config")
 //   --backend               cpu|cuda|auto
+//   --numerics              fast|reproducible (eval, generate, serve; backend.h's Numerics)
 //
 // Old spellings (bench's --formats, --granularity, --granularities, --sink; generate's
 // --kv-block-size; report's --sink) stay as hidden aliases that print a one-line deprecation
@@ -50,6 +51,7 @@ struct CacheCliOptions {
   int recent_tokens = 0;
   std::string kv_config;  // "" = none
   std::string backend = "auto";  // validated: cpu | cuda | auto
+  std::string numerics = "fast";  // validated: fast | reproducible
 };
 
 inline constexpr const char* kBackendChoices[] = {"cpu", "cuda", "auto"};
@@ -61,6 +63,7 @@ struct CacheFlagSet {
   bool rotate = true;  // only commands whose cache goes through the engine (the rotation is an engine step)
   bool recent = true;  // likewise: the window needs the engine's bf16 recent pages
   bool kv_config = true;  // likewise: per-layer formats need the engine's per-layer geometry
+  bool numerics = true;   // commands that run the model
   bool lists = false;
   CacheCliOptions defaults;
   struct Alias {
@@ -93,6 +96,7 @@ struct ModelRun {
 struct ModelRunFlags {
   std::string backend = "auto", model, tokenizer;
   int cpu_threads = 0;  // BLAS threads (0: the BLAS default)
+  std::string numerics = "fast";
 };
 // A refusal names the flag it comes from ("--backend: ...", "--model: ...").
 Result<ModelRun> open_model_run(const ModelRunFlags& flags,

@@ -177,7 +177,7 @@ int run_eval_cmd(const EvalCli& o) {
     }
   }
   // Outputs are checked before the long run, and written atomically after it.
-  auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, 0}, [&](backend::BackendKind) {
+  auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, 0, o.cache.numerics}, [&](backend::BackendKind) {
     if (!search_out.empty())
       if (Status st = check_writable(search_out, "--search-out file"); !st.is_ok())
         return Status(st.code(), "--search-out: " + st.message());

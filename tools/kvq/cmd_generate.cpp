@@ -44,7 +44,7 @@ int run_generate(const GenerateOptions& o) {
     return fail(invalid_argument("--max-tokens " + std::to_string(o.max_tokens) +
                                  " is not valid; use 0 (the prompt plus -n) or a capacity in tokens"));
   Result<QuantSpec> spec = invalid_argument("no spec");
-  auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, o.threads}, [&](backend::BackendKind kind) {
+  auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, o.threads, o.cache.numerics}, [&](backend::BackendKind kind) {
     // `auto` is what the backend the model runs on prefers (fp8 on sm_89+ GPUs, int8 on CPUs).
     spec = to_quant_spec(o.cache, kind);
     return spec.status();

@@ -77,7 +77,7 @@ Status check_sizes(const ServeCli& o) {
 int run_serve(const ServeCli& o) {
   if (Status st = check_sizes(o); !st.is_ok()) return fail(st);
   Result<QuantSpec> spec = invalid_argument("no spec");
-  auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, o.threads}, [&](backend::BackendKind kind) {
+  auto run = open_model_run({o.cache.backend, o.model, o.tokenizer, o.threads, o.cache.numerics}, [&](backend::BackendKind kind) {
     spec = to_quant_spec(o.cache, kind);
     return spec.status();
   });

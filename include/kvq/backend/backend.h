@@ -49,6 +49,19 @@ std::vector<BackendKind> available_backends();
 // rule applied to that backend's hardware: the CPU's features, or the GPU's compute capability).
 Format auto_cache_format(BackendKind kind);
 
+// How a backend does its arithmetic (docs/ARCHITECTURE.md §8, "Reproducible numerics").
+//   kFast          each backend's fastest correct arithmetic (BLAS / cuBLAS, tiled online-softmax
+//                  attention, library exp): results agree across backends to rounding, which a
+//                  quantized cache amplifies into a different draw of its noise.
+//   kReproducible  every op in one fixed order of fp32 operations written once for host and device
+//                  (common/reproducible_math.h, attention/reproducible.h): GEMM and dot products in
+//                  index order with one FMA a term, attention in two passes over the keys, the same
+//                  exp. Every backend then gives the CPU's logits, codes and scales bit for bit,
+//                  whatever the batch. Needs fp32 or bf16 weights; slower (a reference, not a server).
+enum class Numerics : uint8_t { kFast, kReproducible };
+const char* numerics_name(Numerics n);  // "fast" | "reproducible"
+Result<Numerics> parse_numerics(std::string_view name);
+
 // Element types of backend tensors.
 enum class DType : uint8_t { kF32, kBf16, kI32 };
 size_t dtype_size(DType t);
@@ -224,6 +237,7 @@ class Backend {
   virtual ~Backend() = default;
   virtual BackendKind kind() const = 0;
   virtual std::string describe() const = 0;  // e.g. "cpu (OpenBLAS, 2 threads)", "cuda (NVIDIA H200, sm_90)"
+  virtual Numerics numerics() const { return Numerics::kFast; }
 
   // Memory. allocate() gives 256-byte aligned memory, contents undefined; kOutOfMemory names the size.
   virtual Result<Buffer> allocate(size_t bytes) = 0;
@@ -281,6 +295,7 @@ class Backend {
 struct BackendOptions {
   int cpu_threads = 0;  // cpu: BLAS threads (0: library default)
   int device = 0;       // cuda: device ordinal
+  Numerics numerics = Numerics::kFast;
 };
 
 // Threads the CPU backend's BLAS may use (a process-wide library setting); n <= 0 leaves the

@@ -1,6 +1,7 @@
 // The CPU backend: the reference implementation of every backend op. fp32 activations, BLAS for
 // the matrix products, attention::cpu for attention, the host PagedKvCache for the planes.
 #include "cpu_backend.h"
+#include "reproducible.h"
 
 #include <cblas.h>
 
@@ -9,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "kvq/attention/cpu.h"
 #include "kvq/format/bf16.h"
@@ -54,11 +56,14 @@ void set_cpu_threads(int n) {
 int cpu_threads() { return openblas_get_num_threads(); }
 
 std::string CpuBackend::describe() const {
+  if (numerics_ == Numerics::kReproducible)
+    return "cpu (reproducible numerics, " + std::to_string(rp_threads_) + " threads)";
   return "cpu (OpenBLAS, " + std::to_string(openblas_get_num_threads()) + " threads)";
 }
 
-CpuBackend::CpuBackend(const BackendOptions& opts) {
+CpuBackend::CpuBackend(const BackendOptions& opts) : numerics_(opts.numerics) {
   set_cpu_threads(opts.cpu_threads);
+  rp_threads_ = opts.cpu_threads > 0 ? opts.cpu_threads : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 Result<Buffer> CpuBackend::allocate(size_t bytes) {
@@ -114,6 +119,7 @@ size_t CpuBackend::workspace_size(const GemmArgs&) const { return 0; }
 Status CpuBackend::run(const GemmArgs& a) {
   KVQ_RETURN_IF_ERROR(can_implement(a));
   if (a.rows == 0) return Status::ok();
+  if (numerics_ == Numerics::kReproducible) return cpu_reproducible::gemm(a, rp_threads_);
   const int out = a.w.rows, in = a.w.cols;
   const auto* w = static_cast<const float*>(a.w.data);
   const float* x = a.x;
@@ -146,14 +152,8 @@ Status CpuBackend::can_implement(const RmsNormArgs& a) const {
 size_t CpuBackend::workspace_size(const RmsNormArgs&) const { return 0; }
 Status CpuBackend::run(const RmsNormArgs& a) {
   KVQ_RETURN_IF_ERROR(can_implement(a));
-  for (int r = 0; r < a.rows; ++r) {
-    const float* x = a.x + static_cast<size_t>(r) * a.dim;
-    float* y = a.y + static_cast<size_t>(r) * a.dim;
-    double ss = 0;
-    for (int i = 0; i < a.dim; ++i) ss += static_cast<double>(x[i]) * x[i];
-    const float s = static_cast<float>(1.0 / std::sqrt(ss / a.dim + a.eps));
-    for (int i = 0; i < a.dim; ++i) y[i] = x[i] * s * a.weight[i];
-  }
+  // One definition in both numerics: it already is one fixed order (rp::rms_factor).
+  cpu_reproducible::rmsnorm(a);
   return Status::ok();
 }
 
@@ -215,6 +215,10 @@ Status CpuBackend::can_implement(const SwigluArgs& a) const {
 size_t CpuBackend::workspace_size(const SwigluArgs&) const { return 0; }
 Status CpuBackend::run(const SwigluArgs& a) {
   KVQ_RETURN_IF_ERROR(can_implement(a));
+  if (numerics_ == Numerics::kReproducible) {
+    cpu_reproducible::swiglu(a);
+    return Status::ok();
+  }
   for (size_t i = 0; i < a.n; ++i) {
     const float g = a.gate[i];
     a.gate[i] = g / (1.f + std::exp(-g)) * a.up[i];
@@ -322,11 +326,15 @@ Status CpuBackend::run(const CacheWriteArgs& a) {
 
 Status CpuBackend::can_implement(const DecodeArgs& a) const { return attention::cpu::can_implement(a); }
 size_t CpuBackend::workspace_size(const DecodeArgs& a) const { return attention::cpu::workspace_size(a); }
-Status CpuBackend::run(const DecodeArgs& a) { return attention::cpu::decode(a); }
+Status CpuBackend::run(const DecodeArgs& a) {
+  return numerics_ == Numerics::kReproducible ? cpu_reproducible::decode(a, rp_threads_) : attention::cpu::decode(a);
+}
 
 Status CpuBackend::can_implement(const PrefillArgs& a) const { return attention::cpu::can_implement(a); }
 size_t CpuBackend::workspace_size(const PrefillArgs&) const { return 0; }
-Status CpuBackend::run(const PrefillArgs& a) { return attention::cpu::prefill(a); }
+Status CpuBackend::run(const PrefillArgs& a) {
+  return numerics_ == Numerics::kReproducible ? cpu_reproducible::prefill(a, rp_threads_) : attention::cpu::prefill(a);
+}
 
 // ---- sampling ------------------------------------------------------------------------------------
 

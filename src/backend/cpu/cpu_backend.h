@@ -11,6 +11,7 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const BackendOptions& opts);
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string describe() const override;
+  Numerics numerics() const override { return numerics_; }
 
   Result<Buffer> allocate(size_t bytes) override;
   Status upload(void* dst, const void* src, size_t bytes) override;
@@ -39,6 +40,8 @@ class CpuBackend final : public Backend {
 
  private:
   std::vector<float> gemm_w_, gemm_x_;  // bf16 GEMM: widened weights, bf16-rounded x
+  Numerics numerics_ = Numerics::kFast;
+  int rp_threads_ = 1;  // reproducible ops: threads (hardware threads unless BackendOptions::cpu_threads)
 };
 
 }  // namespace kvq::backend

@@ -8,6 +8,7 @@
 // earlier may still point into it. Inside a capture nothing may grow (the engine runs each step
 // shape eagerly once before capturing it, which sizes everything).
 #include "cuda_backend.h"
+#include "reproducible.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -136,6 +137,7 @@ class CudaBackend final : public Backend {
   }
 
   Status init(const BackendOptions& opts) {
+    numerics_ = opts.numerics;
     KVQ_RETURN_IF_ERROR(cuda_status(cudaSetDevice(opts.device), "cuda backend: cudaSetDevice"));
     auto info = cuda_device_info();
     if (!info.is_ok()) return info.status();
@@ -158,8 +160,10 @@ class CudaBackend final : public Backend {
 
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string describe() const override {
-    return "cuda (" + info_.name + ", sm_" + str(info_.cc_major * 10 + info_.cc_minor) + ", cuBLAS)";
+    return "cuda (" + info_.name + ", sm_" + str(info_.cc_major * 10 + info_.cc_minor) +
+           (numerics_ == Numerics::kReproducible ? ", reproducible numerics)" : ", cuBLAS)");
   }
+  Numerics numerics() const override { return numerics_; }
 
   // ---- memory ------------------------------------------------------------------------------------
 
@@ -268,6 +272,7 @@ class CudaBackend final : public Backend {
   Status run(const GemmArgs& a) override {
     KVQ_RETURN_IF_ERROR(can_implement(a));
     if (a.rows == 0) return Status::ok();
+    if (numerics_ == Numerics::kReproducible) return cuda_reproducible::gemm(a, stream_);
     const int out = a.w.rows, in = a.w.cols;
     const float alpha = 1.f, beta = a.beta;
     // Row-major y[rows][out] = x[rows][in] · w[out][in]ᵀ is column-major yᵀ = w · xᵀ, with w read
@@ -301,6 +306,7 @@ class CudaBackend final : public Backend {
   Status run(const RmsNormArgs& a) override {
     KVQ_RETURN_IF_ERROR(can_implement(a));
     if (a.rows == 0) return Status::ok();
+    if (numerics_ == Numerics::kReproducible) return cuda_reproducible::rmsnorm(a, stream_);
     cuda_ops::rmsnorm_kernel<<<a.rows, cuda_ops::kEltThreads, 0, stream_>>>(a.x, a.weight, a.y, a.dim, a.eps);
     return launch_status("cuda rmsnorm");
   }
@@ -344,6 +350,7 @@ class CudaBackend final : public Backend {
   Status run(const SwigluArgs& a) override {
     KVQ_RETURN_IF_ERROR(can_implement(a));
     if (a.n == 0) return Status::ok();
+    if (numerics_ == Numerics::kReproducible) return cuda_reproducible::swiglu(a, stream_);
     cuda_ops::swiglu_kernel<<<cuda_ops::elt_blocks(a.n), cuda_ops::kEltThreads, 0, stream_>>>(a.gate, a.up, a.n);
     return launch_status("cuda swiglu");
   }
@@ -470,7 +477,7 @@ class CudaBackend final : public Backend {
 
   Status can_implement(const DecodeArgs& args) const override {
     const DecodeArgs a = without_empty_sink(args);
-    if (fast_attention(a.geom)) return kc::can_implement(a);
+    if (fast_attn(a.geom)) return kc::can_implement(a);
     KVQ_RETURN_IF_ERROR(check_generic_shape(a.geom, "decode"));
     KVQ_RETURN_IF_ERROR(check_common(a.num_q_heads, a.geom, a.softmax_scale, a.q, a.out, "decode"));
     if (a.tables.num_seqs < 0 || a.tables.num_seqs > 65535)
@@ -480,7 +487,7 @@ class CudaBackend final : public Backend {
     return check_recent(a.geom, a.layer, a.tables, "decode");
   }
   size_t workspace_size(const DecodeArgs& a) const override {
-    if (!fast_attention(a.geom)) return 0;
+    if (!fast_attn(a.geom)) return 0;
     auto it = plans_.find(plan_key(a));
     return it == plans_.end() ? 0 : kc::workspace_size(a, it->second);
   }
@@ -488,7 +495,7 @@ class CudaBackend final : public Backend {
     const DecodeArgs a = without_empty_sink(args);
     KVQ_RETURN_IF_ERROR(can_implement(a));
     if (a.tables.num_seqs == 0) return Status::ok();
-    if (fast_attention(a.geom)) return run_fast_decode(a);
+    if (fast_attn(a.geom)) return run_fast_decode(a);
     return run_generic(a.geom, a.layer, a.tables, a.q, a.out, a.lse, a.tables.num_seqs, a.num_q_heads,
                        a.softmax_scale, -1);
   }
@@ -498,13 +505,13 @@ class CudaBackend final : public Backend {
   Status plan(const DecodeArgs& args) override {
     const DecodeArgs a = without_empty_sink(args);
     KVQ_RETURN_IF_ERROR(can_implement(a));
-    if (a.tables.num_seqs == 0 || !fast_attention(a.geom)) return Status::ok();
+    if (a.tables.num_seqs == 0 || !fast_attn(a.geom)) return Status::ok();
     auto p = fast_decode_plan(a);
     return p.is_ok() ? Status::ok() : p.status();
   }
   Status plan(const PrefillArgs& a) override {
     KVQ_RETURN_IF_ERROR(can_implement(a));
-    if (a.n_q == 0 || !fast_attention(a.geom)) return Status::ok();
+    if (a.n_q == 0 || !fast_attn(a.geom)) return Status::ok();
     KVQ_RETURN_IF_ERROR(grow(prefill_ws_, prefill_carve(a).total));
     DecodeArgs d;  // the virtual-sequence decode run() will launch (only the shape matters here)
     d.geom = a.geom;
@@ -523,7 +530,7 @@ class CudaBackend final : public Backend {
   using Backend::plan;
 
   Status can_implement(const PrefillArgs& a) const override {
-    if (fast_attention(a.geom)) {
+    if (fast_attn(a.geom)) {
       if (!format_traits(a.geom.format).device_ready)
         return unsupported(std::string("cuda prefill: ") + format_name(a.geom.format) +
                            " caches are not supported; use int8 or fp8");
@@ -543,12 +550,12 @@ class CudaBackend final : public Backend {
     return check_recent(a.geom, a.layer, a.tables, "prefill");
   }
   size_t workspace_size(const PrefillArgs& a) const override {
-    return fast_attention(a.geom) ? prefill_carve(a).total : 0;
+    return fast_attn(a.geom) ? prefill_carve(a).total : 0;
   }
   Status run(const PrefillArgs& a) override {
     KVQ_RETURN_IF_ERROR(can_implement(a));
     if (a.n_q == 0) return Status::ok();
-    if (!fast_attention(a.geom))
+    if (!fast_attn(a.geom))
       return run_generic(a.geom, a.layer, a.tables, a.q, a.out, a.lse, a.n_q, a.num_q_heads, a.softmax_scale, a.q_pos0);
     // Query i of the chunk = a decode sequence of length q_pos0 + i + 1 over the same pages: the
     // tensor-core decode kernel reads the pages as stored. Measured 18x faster than the fp32 generic
@@ -727,6 +734,8 @@ class CudaBackend final : public Backend {
 
   Status run_generic(const cache::CacheGeometry& g, const cache::LayerView& layer, const cache::BatchTablesView& t,
                      const float* q, float* out, float* lse, int rows, int num_q_heads, float scale, int prefill_pos0) {
+    if (numerics_ == Numerics::kReproducible)
+      return cuda_reproducible::attend(g, layer, t, q, out, lse, rows, num_q_heads, scale, prefill_pos0, stream_);
     cuda_ops::GenericAttendParams p{};
     p.geom = g, p.layer = layer, p.tables = t;
     p.q = q, p.out = out, p.lse = lse;
@@ -764,7 +773,11 @@ class CudaBackend final : public Backend {
     return Status::ok();
   }
 
+  // Reproducible numerics take the generic attention checks and the cuda_reproducible ops.
+  bool fast_attn(const cache::CacheGeometry& g) const { return numerics_ == Numerics::kFast && fast_attention(g); }
+
   CudaDeviceInfo info_;
+  Numerics numerics_ = Numerics::kFast;
   cudaStream_t stream_ = nullptr;      // where ops go: own_stream_ or a borrowed one (use_stream)
   cudaStream_t own_stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;

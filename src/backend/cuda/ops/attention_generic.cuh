@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "attention/cuda/write_codec.cuh"
+#include "kvq/attention/token_reader.h"
 #include "kvq/cache/layout.h"
 #include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
@@ -292,73 +293,6 @@ struct GenericAttendParams {
   int prefill_pos0;  // < 0: decode (row r = sequence r); else causal prefill of sequence 0
 };
 
-// Where token j of one kv head lives: its dim 0 as an element index into the bf16 sink or recent-twin
-// plane, or a byte offset into the codes plane (code_offset), and its K and V scales (1 for bf16
-// and 16-bit tokens). Looked up once per token.
-enum : int { kTokCodes = 0, kTokSink = 1, kTokRecent = 2 };
-struct TokRef {
-  unsigned long long elem;
-  float ks, vs;
-  int where;  // kTokCodes | kTokSink | kTokRecent
-  int page, head, slot;  // codes: where int4_kivi's parameters and int4_outlier's side planes are
-};
-
-template <Format F>
-__device__ __forceinline__ TokRef tok_ref(const GenericAttendParams& p, int seq, int j, int sink_len, int kvh,
-                                          int q_pos) {
-  const cache::CacheGeometry& g = p.geom;
-  const int bs = g.block_size;
-  if (j < sink_len) {
-    const int page = p.tables.sink_tables[size_t(seq) * p.tables.max_sink_blocks + j / bs];
-    return {g.elem_index(page, kvh, j % bs), 1.f, 1.f, kTokSink, 0, 0, 0};
-  }
-  const int u = j - sink_len;
-  if (cache::uses_recent(j, q_pos, g.recent_tokens)) {
-    const int page = p.tables.recent_tables[size_t(seq) * p.tables.max_blocks + u / bs];
-    return {g.elem_index(page, kvh, u % bs), 1.f, 1.f, kTokRecent, 0, 0, 0};
-  }
-  const int page = p.tables.block_tables[size_t(seq) * p.tables.max_blocks + u / bs], slot = u % bs;
-  TokRef t{g.code_offset(page, kvh, slot), 1.f, 1.f, kTokCodes, page, kvh, slot};
-  if constexpr (F != Format::kBf16 && F != Format::kFp16 && F != Format::kInt4Kivi) {
-    const size_t si = g.scale_index(page, kvh, slot);  // per_tensor: 0
-    if (g.outlier_capacity == 0) t.ks = cache::load_scale(p.layer.k_scales, si, g.scale_dtype);  // else per channel
-    t.vs = cache::load_scale(p.layer.v_scales, si, g.scale_dtype);
-  }
-  return t;
-}
-
-// Element i of a token, dequantized as the host's dequantize_row does (code value * scale).
-template <Format F>
-__device__ __forceinline__ float tok_value(const GenericAttendParams& p, bool is_v, const TokRef& t, int i) {
-  if (t.where == kTokSink) return format::bf16_to_float((is_v ? p.layer.v_sink : p.layer.k_sink)[t.elem + i]);
-  if (t.where == kTokRecent) return format::bf16_to_float((is_v ? p.layer.v_recent : p.layer.k_recent)[t.elem + i]);
-  const uint8_t* c = is_v ? p.layer.v_codes : p.layer.k_codes;
-  if constexpr (F == Format::kBf16) return format::bf16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
-  else if constexpr (F == Format::kFp16) return format::fp16_to_float(reinterpret_cast<const uint16_t*>(c + t.elem)[i]);
-  else if constexpr (F == Format::kInt4) {
-    const float code = float(format::int4_at(c + t.elem, size_t(i)));
-    if (p.geom.outlier_capacity == 0) return code * (is_v ? t.vs : t.ks);
-    // int4_outlier (as the CPU's TileLoader): K per channel, V per token, then the entries.
-    const cache::CacheGeometry g = p.geom.plane(is_v ? 1 : 0);
-    const uint32_t* words = is_v ? p.layer.v_outliers : p.layer.k_outliers;
-    const uint32_t* plane = words + g.outlier_index(t.page, t.head);
-    for (uint32_t j = 0; j < plane[0]; ++j) {
-      const quant::OutlierEntry e = quant::unpack_outlier(plane[1 + j]);
-      if (e.index == t.slot * g.head_dim + i) return format::fp16_to_float(e.value);
-    }
-    return is_v ? code * t.vs : code * cache::load_scale(words, g.channel_scale_index(t.page, t.head) + i, ScaleDtype::kFp16);
-  }
-  else if constexpr (F == Format::kInt4Kivi) {  // K's parameters per channel, V's per token
-    const cache::CacheGeometry g = p.geom.plane(is_v ? 1 : 0);
-    const void* prm = is_v ? p.layer.v_scales : p.layer.k_scales;
-    const int grp = is_v ? t.slot : i;
-    const quant::KiviParams q{cache::load_scale(prm, g.kivi_param_index(t.page, t.head, grp, false), g.scale_dtype),
-                              cache::load_scale(prm, g.kivi_param_index(t.page, t.head, grp, true), g.scale_dtype)};
-    return quant::kivi_value(format::uint4_at(c + t.elem, size_t(i)), q);
-  }
-  else return kvq::decode_byte(F, c[t.elem + i]) * (is_v ? t.vs : t.ks);
-}
-
 constexpr int kAttendTile = 32;         // tokens per shared-memory tile
 constexpr int kAttendHeadsPerCta = 8;   // query heads of one kv head per CTA (one warp each)
 
@@ -372,7 +306,7 @@ __global__ void __launch_bounds__(32 * kAttendHeadsPerCta) generic_attend_kernel
   constexpr int kDimsPerLane = kMaxGenericHeadDim / 32;
   __shared__ float tile[kAttendTile * (kMaxGenericHeadDim + 1)];
   __shared__ float qs[kAttendHeadsPerCta][kMaxGenericHeadDim];
-  __shared__ TokRef refs[kAttendTile];
+  __shared__ attention::TokRef refs[kAttendTile];
   const cache::CacheGeometry& g = p.geom;
   const int d = g.head_dim, ld = d + 1;
   const int group = p.num_q_heads / g.num_kv_heads;
@@ -397,12 +331,12 @@ __global__ void __launch_bounds__(32 * kAttendHeadsPerCta) generic_attend_kernel
   auto load_tile = [&](bool is_v, int n) {
     for (int idx = threadIdx.x; idx < n * d; idx += blockDim.x) {
       const int t = idx / d, i = idx - t * d;
-      tile[t * ld + i] = tok_value<F>(p, is_v, refs[t], i);
+      tile[t * ld + i] = attention::token_value<F>(p, is_v, refs[t], i);
     }
   };
   for (int c = 0; c < len; c += kAttendTile) {
     const int n = min(kAttendTile, len - c);
-    if (threadIdx.x < n) refs[threadIdx.x] = tok_ref<F>(p, seq, c + threadIdx.x, sink_len, kvh, len - 1);
+    if (threadIdx.x < n) refs[threadIdx.x] = attention::token_ref<F>(p, seq, c + threadIdx.x, sink_len, kvh, len - 1);
     __syncthreads();
     load_tile(false, n);
     __syncthreads();

@@ -1,0 +1,19 @@
+#pragma once
+// The CPU backend's ops in reproducible numerics (backend.h, Numerics::kReproducible): the host side
+// of the arithmetic that src/backend/cuda/reproducible.cu runs on the device. Work is split over
+// `threads` threads by output element, which never changes an element's order of operations.
+#include "kvq/backend/backend.h"
+
+namespace kvq::backend::cpu_reproducible {
+
+// Whether this CPU runs the translation unit (x86-64 needs FMA: it is compiled with -mfma so that
+// every fmaf is one instruction). The reason when not.
+Status supported();
+
+Status gemm(const GemmArgs& a, int threads);
+void rmsnorm(const RmsNormArgs& a);
+void swiglu(const SwigluArgs& a);
+Status decode(const DecodeArgs& a, int threads);
+Status prefill(const PrefillArgs& a, int threads);
+
+}  // namespace kvq::backend::cpu_reproducible
