@@ -123,6 +123,23 @@ if [[ -s $smol ]]; then
   done
 fi
 
+# Reproducible numerics (ARCHITECTURE §8): the same grid with --numerics reproducible on both backends
+# (fp32 weights), the bf16-cache logits of window 0 dumped by each and compared byte for byte, then
+# the CPU's fast grid for the pairwise table (scripts/compare_evals.py).
+if has repro && [[ -s $smol ]]; then
+  for be in cuda cpu; do
+    run_eval repro "$be" --numerics reproducible --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
+      --kv-cache-dtype bf16,fp8,fp8_fnuz,int8 --kv-scale-granularity per_token_head,per_block_head \
+      --dump-logits "/tmp/logits_repro_$be.bin"
+  done
+  cmp /tmp/logits_repro_cuda.bin /tmp/logits_repro_cpu.bin >"$OUT/logits_cmp.txt" 2>&1
+  note "bf16-cache logits, reproducible cuda vs cpu: $(cmp -s /tmp/logits_repro_cuda.bin /tmp/logits_repro_cpu.bin && echo identical || head -c 200 "$OUT/logits_cmp.txt") ($(stat -c %s /tmp/logits_repro_cpu.bin) bytes)"
+  has smolcpu || run_eval grid cpu --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
+    --kv-cache-dtype bf16,fp8,fp8_fnuz,int8 --kv-scale-granularity per_token_head,per_block_head
+  python3 scripts/compare_evals.py "$OUT"/eval_repro_cuda.json "$OUT"/eval_repro_cpu.json "$OUT"/eval_grid_cpu.json \
+    "$OUT"/eval_grid_w32_cuda.json "$OUT"/eval_grid_cuda.json 2>&1 | tee -a "$summary"
+fi
+
 # Accuracy toolkit (issue 10) on the GPU engine: Hadamard-rotated K at ctx 2048 (4 windows) and 8192.
 if has rot && [[ -s $smol ]]; then
   run_eval rot2k cuda --model smollm2 --text "$text" --ctx 2048 --max-windows 4 \

@@ -502,6 +502,35 @@ TEST(CliSupport, EveryNumericOptionRefusesAnEmptyValue) {
   EXPECT_EQ(ctx, -3);  // the range is the command's to check
   EXPECT_FLOAT_EQ(temp, 1e-3f);
 }
+// --numerics: on the commands that run the model, validated, stored, and reaching the backend
+// open_model_run creates; absent from the benchmarks (they time the fast kernels) and report.
+TEST(CacheOptions, NumericsIsValidatedAndReachesTheBackend) {
+  for (CacheCommand cmd : kAllCacheCommands) {
+    if (!cache_flag_set(cmd).numerics) {
+      EXPECT_FALSE(run(cmd, {{"--numerics", "reproducible"}}).parsed) << name_of(cmd);
+      continue;
+    }
+    EXPECT_EQ(run(cmd, {}).opts.numerics, "fast") << name_of(cmd);
+    EXPECT_EQ(run(cmd, {{"--numerics", "reproducible"}}).opts.numerics, "reproducible") << name_of(cmd);
+    const Outcome bad = run(cmd, {{"--numerics", "exact"}});
+    EXPECT_FALSE(bad.parsed) << name_of(cmd);
+    EXPECT_NE(bad.error.find("--numerics"), std::string::npos) << bad.error;
+  }
+  for (CacheCommand cmd : {CacheCommand::kEval, CacheCommand::kGenerate, CacheCommand::kServe})
+    EXPECT_TRUE(cache_flag_set(cmd).numerics) << name_of(cmd);
+  ModelRunFlags f;
+  f.backend = "cpu";
+  f.numerics = "exact";
+  f.model = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/stories260K.bin";
+  auto bad = open_model_run(f, nullptr);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_EQ(bad.status().message().rfind("--numerics: ", 0), 0u) << bad.status().to_string();
+  f.numerics = "reproducible";
+  auto ok = open_model_run(f, nullptr);
+  if (!ok.is_ok() && ok.status().code() == StatusCode::kNotFound) GTEST_SKIP() << "stories260K not found beside the repo";
+  ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
+  EXPECT_EQ(ok.value().backend->numerics(), backend::Numerics::kReproducible);
+}
 
 // open_model_run, the sequence eval, generate and serve share: --backend first, then the
 // command's own flag checks (given the backend kind), and only then the model is looked up, the
