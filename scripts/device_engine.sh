@@ -40,10 +40,16 @@ summary="$OUT/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 
-rm -rf /tmp/kvq-bin && mkdir -p /tmp/kvq-bin/bin /tmp/kvq-bin/lib
-for f in .device/bin/*.gz; do gunzip -c "$f" >"/tmp/kvq-bin/bin/$(basename "$f" .gz)"; done
-for f in .device/lib/*.gz; do [[ -e $f ]] && gunzip -c "$f" >"/tmp/kvq-bin/lib/$(basename "$f" .gz)"; done
-chmod +x /tmp/kvq-bin/bin/*
+# Binaries: unpacked from a carried .device/, or (a later call on the same warm machine, whose carry
+# left .device/ out to make room for data) the ones an earlier call unpacked.
+if [[ -d .device/bin ]]; then
+  rm -rf /tmp/kvq-bin && mkdir -p /tmp/kvq-bin/bin /tmp/kvq-bin/lib
+  for f in .device/bin/*.gz; do gunzip -c "$f" >"/tmp/kvq-bin/bin/$(basename "$f" .gz)"; done
+  for f in .device/lib/*.gz; do [[ -e $f ]] && gunzip -c "$f" >"/tmp/kvq-bin/lib/$(basename "$f" .gz)"; done
+  chmod +x /tmp/kvq-bin/bin/*
+elif [[ ! -d /tmp/kvq-bin/bin ]]; then
+  echo "no .device/ carried and none unpacked on this machine before" >&2; exit 2
+fi
 cudalib=$(dirname "$(find / -name 'libcublas.so.13*' -path '*cuda*' 2>/dev/null | head -1)")
 export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${cudalib}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 B=/tmp/kvq-bin/bin
@@ -82,7 +88,7 @@ fi
 
 if [[ $steps == *sanitize* ]]; then
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 $B/test_backend \
-    --gtest_filter='CudaBackendWrite.*:CudaBackendSample.*:CudaEngineStories.GreedyGenerationIdenticalForBf16Cache' \
+    --gtest_filter='CudaBackendWrite.*:CudaBackendSample.*:CudaEngineStories.GreedyGenerationIdenticalForBf16Cache:AllBackends/BackendOps.MatchesReference/cuda_reproducible_*' \
     >"$OUT/sanitizer.log" 2>&1
   note "compute-sanitizer memcheck (write, sample, stories greedy engine): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.log" | tail -1)"
 fi
@@ -126,6 +132,15 @@ fi
 # Reproducible numerics (ARCHITECTURE §8): the same grid with --numerics reproducible on both backends
 # (fp32 weights), the bf16-cache logits of window 0 dumped by each and compared byte for byte, then
 # the CPU's fast grid for the pairwise table (scripts/compare_evals.py).
+if has repro; then
+  for be in cuda cpu; do
+    run_eval stories_repro "$be" --numerics reproducible --model stories260K \
+      --text "$MODELS_DIR/stories260K/tinystories_valid_head.txt" --ctx 512 --max-windows 4 \
+      --kv-cache-dtype bf16,fp8,fp8_fnuz,int8,int4 --kv-scale-granularity per_token_head,per_block_head --kv-sink-tokens 16
+  done
+  python3 scripts/compare_evals.py "$OUT"/eval_stories_repro_cpu.json "$OUT"/eval_stories_repro_cuda.json \
+    "$OUT"/eval_stories_cpu.json "$OUT"/eval_stories_cuda.json 2>&1 | tee -a "$summary"
+fi
 if has repro && [[ -s $smol ]]; then
   for be in cuda cpu; do
     run_eval repro "$be" --numerics reproducible --model smollm2 --text "$text" --ctx 2048 --max-windows 1 \
