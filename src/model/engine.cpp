@@ -468,7 +468,11 @@ Status Engine::Impl::step(const std::vector<SeqStep>& steps, const std::vector<P
   const bool all_decode = num_decode == static_cast<int>(pieces.size());
   bool all_last = true;
   for (const Piece& p : pieces) all_last = all_last && p.last;
-  const bool graph = all_decode && (all_last || !keep_logits) && opts.cuda_graphs && be->supports_graphs();
+  // int4_kivi's cache write chooses on the host which pages a step makes final (from the block
+  // tables of that step): a captured graph would replay the first step's choice forever, so such a
+  // cache decodes eagerly.
+  const bool graph = all_decode && (all_last || !keep_logits) && opts.cuda_graphs && be->supports_graphs() &&
+                     !book->geometry().kivi();
   const size_t dim = static_cast<size_t>(cfg.dim), vocab = static_cast<size_t>(cfg.vocab_size);
 
   if (graph) {

@@ -443,6 +443,11 @@ class CudaBackend final : public Backend {
   // int4_kivi: the pages this write makes final (kivi_page_final for its last query, and not before
   // it, or rewritten by it) are quantized from their twins, which the write has just completed.
   Status quantize_kivi_pages(const CacheWriteArgs& a, const cache::CacheGeometry& g, const kc::DeviceLayer& d) {
+    // The page list is host data baked into the launch: a graph would replay this call's list at
+    // every later step (and never quantize the pages those steps make final).
+    if (capturing_)
+      return internal_error("cuda cache write: int4_kivi writes pick their pages on the host and cannot be captured "
+                            "in a graph (run the step eagerly)");
     cuda_ops::KiviPagesParams p{};
     p.geom = g;
     p.layer = d.view();
