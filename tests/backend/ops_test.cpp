@@ -1,5 +1,6 @@
-// The backend harness (ARCHITECTURE §8, issue 7): every op of every available backend, on one
-// shared case list, against independent references computed here:
+// The backend harness (ARCHITECTURE §8, issue 7): every op of every available backend, in both
+// numerics modes (fast, reproducible), on one shared case list, against independent references
+// computed here:
 //   GEMM, RMSNorm, RoPE, SwiGLU, Embed  float64 references with per-op budgets (below);
 //   CacheWrite                          bit for bit against a host PagedKvCache fed by write();
 //   Decode, Prefill                     float64 dense attention over the cache as stored
