@@ -11,8 +11,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <memory>
 #include <random>
@@ -25,6 +23,7 @@
 #include "kvq/model/engine.h"
 #include "kvq/model/model.h"
 #include "kvq/quant/spec.h"
+#include "model/stories_data.h"
 
 namespace kvq::backend {
 namespace {
@@ -74,28 +73,20 @@ TEST(ReproducibleMath, ExpSpecialValues) {
 
 // ---- the forward pass on stories260K -----------------------------------------------------------------
 
-std::string stories_dir() { return std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K"; }
-
 class ReproducibleStories : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto m = model::Model::load(stories_dir() + "/stories260K.bin");
+    auto m = model::Model::load(model::testing::stories_dir() + "/stories260K.bin");
     ASSERT_TRUE(m.is_ok()) << m.status().to_string();
     model_ = std::move(m).value().release();
-    std::ifstream f(stories_dir() + "/tinystories_valid_head.txt", std::ios::binary);
-    const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-    ids_ = new std::vector<int32_t>(model_->tokenizer().encode(std::string_view(text).substr(0, 40000), false));
+    ids_ = new std::vector<int32_t>(model::testing::stories_text_ids(*model_));
   }
   static void TearDownTestSuite() {
     delete model_;
     delete ids_;
   }
   // Window w of the README setup: BOS, then 511 ids.
-  static std::vector<int32_t> window(int w) {
-    std::vector<int32_t> win = {1};
-    win.insert(win.end(), ids_->begin() + 511 * w, ids_->begin() + 511 * (w + 1));
-    return win;
-  }
+  static std::vector<int32_t> window(int w) { return model::testing::stories_window(*ids_, w); }
   static std::unique_ptr<Backend> make(BackendKind kind, int threads = 0) {
     BackendOptions o;
     o.numerics = Numerics::kReproducible;

@@ -5,6 +5,8 @@
 // then using the weight dtype that backend's engine uses (bf16).
 #include <gtest/gtest.h>
 
+#include "model/stories_data.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -89,7 +91,7 @@ struct Agreement {
   }
 };
 
-std::string stories_dir() { return std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K"; }
+using testing::stories_dir;
 
 QuantSpec spec_of(Format f, int sink = 0, ScaleGranularity g = ScaleGranularity::kPerTokenHead) {
   QuantSpec s;
@@ -110,9 +112,7 @@ class EngineTest : public ::testing::TestWithParam<BackendKind> {
     auto m = Model::load(stories_dir() + "/stories260K.bin");
     ASSERT_TRUE(m.is_ok()) << m.status().to_string();
     model_ = std::move(m).value().release();
-    std::ifstream f(stories_dir() + "/tinystories_valid_head.txt", std::ios::binary);
-    const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-    ids_ = new std::vector<int32_t>(model_->tokenizer().encode(std::string_view(text).substr(0, 40000), false));
+    ids_ = new std::vector<int32_t>(testing::stories_text_ids(*model_));
   }
   static void TearDownTestSuite() {
     delete model_;
@@ -143,11 +143,7 @@ class EngineTest : public ::testing::TestWithParam<BackendKind> {
     return r.is_ok() ? std::move(r).value() : nullptr;
   }
   // Window w of the README's setup: BOS + ids [511 w, 511 (w + 1)).
-  static std::vector<int32_t> window(int w) {
-    std::vector<int32_t> v = {1};
-    v.insert(v.end(), ids_->begin() + 511 * w, ids_->begin() + 511 * (w + 1));
-    return v;
-  }
+  static std::vector<int32_t> window(int w) { return testing::stories_window(*ids_, w); }
   static double nll_sum(const float* logits, const std::vector<int32_t>& toks, int vocab, long* count) {
     double total = 0;
     for (size_t t = 0; t + 1 < toks.size(); ++t) {

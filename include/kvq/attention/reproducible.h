@@ -12,10 +12,13 @@
 // Two passes over the keys (the scores are recomputed identically in the second unless the caller
 // keeps them): no running rescale, so no order-dependent rounding of the max.
 #include <cmath>
+#include <string>
+#include <type_traits>
 
 #include "kvq/attention/token_reader.h"
 #include "kvq/common/macros.h"
 #include "kvq/common/reproducible_math.h"
+#include "kvq/common/status.h"
 
 namespace kvq::attention {
 
@@ -56,6 +59,22 @@ KVQ_HD float attend_reproducible(const P& p, int seq, int len, int sink_len, int
   if (l > 0.f)
     for (int i = 0; i < d; ++i) acc[i] = rp::div(acc[i], l);
   return l > 0.f ? m + logf(l) : -__builtin_huge_valf();
+}
+
+// Host side of both backends: calls fn(std::integral_constant<Format, F>{}) for the cache format the
+// reproducible attention is instantiated for, or returns kUnsupported.
+template <class Fn>
+Status with_reproducible_format(Format f, Fn&& fn) {
+  switch (f) {
+    case Format::kBf16: return fn(std::integral_constant<Format, Format::kBf16>{});
+    case Format::kFp16: return fn(std::integral_constant<Format, Format::kFp16>{});
+    case Format::kFp8E4m3: return fn(std::integral_constant<Format, Format::kFp8E4m3>{});
+    case Format::kFp8E4m3Fnuz: return fn(std::integral_constant<Format, Format::kFp8E4m3Fnuz>{});
+    case Format::kInt8: return fn(std::integral_constant<Format, Format::kInt8>{});
+    case Format::kInt4: return fn(std::integral_constant<Format, Format::kInt4>{});
+    case Format::kInt4Kivi: return fn(std::integral_constant<Format, Format::kInt4Kivi>{});
+    default: return unsupported(std::string("reproducible attention: ") + format_name(f) + " caches are not supported");
+  }
 }
 
 }  // namespace kvq::attention

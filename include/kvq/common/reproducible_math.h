@@ -17,9 +17,9 @@
 // Division and square root are correctly rounded on both (nvcc's defaults, no fast math).
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "kvq/common/macros.h"
-#include "kvq/format/bf16.h"
 
 namespace kvq::rp {
 
@@ -75,8 +75,18 @@ KVQ_HD float round_even(float x) {
 #endif
 }
 
+// The float with these bits.
+KVQ_HD float from_bits(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
 // 2^n for n in [-126, 127], built from its bits (exact).
-KVQ_HD float pow2i(int n) { return format::bits_float(static_cast<uint32_t>(n + 127) << 23); }
+KVQ_HD float pow2i(int n) { return from_bits(static_cast<uint32_t>(n + 127) << 23); }
 
 // e^x from fp32 operations only: x = n ln2 + r with |r| <= ln2 / 2 (Cody-Waite, ln2 split in a
 // part with 12 significant bits, so n * kLn2Hi is exact), e^r by a degree-7 Taylor polynomial in
@@ -85,7 +95,7 @@ KVQ_HD float pow2i(int n) { return format::bits_float(static_cast<uint32_t>(n + 
 // std::exp in double); e^x overflows to +inf above 88.72, is 0 below -103.98, NaN stays NaN.
 KVQ_HD float exp(float x) {
   if (!(x == x)) return x;
-  if (x > 88.72283935546875f) return format::bits_float(0x7f800000u);
+  if (x > 88.72283935546875f) return from_bits(0x7f800000u);
   if (x < -103.97908020019531f) return 0.f;
   constexpr float kLog2e = 1.44269502162933349609f;
   constexpr float kLn2Hi = 0.693145751953125f;          // 12 significant bits

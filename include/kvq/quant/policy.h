@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "kvq/common/macros.h"
+#include "kvq/common/reproducible_math.h"
 #include "kvq/format/bf16.h"
 #include "kvq/format/format.h"
 #include "kvq/quant/spec.h"
@@ -50,13 +51,7 @@ KVQ_HD bool is_finite_value(float x) {
 #endif
 }
 
-KVQ_HD float div_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
+KVQ_HD float div_rn(float a, float b) { return rp::div(a, b); }  // never a reciprocal multiply
 
 KVQ_HD float abs_value(float x) {
 #if defined(__CUDA_ARCH__)

@@ -110,19 +110,9 @@ Status attend_any(const attention::TokenSource& src, const float* q, float* out,
     return unsupported("reproducible attention: head_dim " + std::to_string(src.geom.head_dim) + " > " +
                        std::to_string(attention::kReproducibleMaxHeadDim));
   if (src.geom.mixed_kv) return unsupported("reproducible attention: per-layer K/V dtype mixes run in fast numerics");
-#define KVQ_RP_CASE(f) \
-  case f: return attend<f>(src, q, out, lse, rows, num_q_heads, scale, prefill_pos0, threads);
-  switch (src.geom.format) {
-    KVQ_RP_CASE(Format::kBf16)
-    KVQ_RP_CASE(Format::kFp16)
-    KVQ_RP_CASE(Format::kFp8E4m3)
-    KVQ_RP_CASE(Format::kFp8E4m3Fnuz)
-    KVQ_RP_CASE(Format::kInt8)
-    KVQ_RP_CASE(Format::kInt4)
-    KVQ_RP_CASE(Format::kInt4Kivi)
-    default: return unsupported("reproducible attention: unsupported cache format");
-  }
-#undef KVQ_RP_CASE
+  return attention::with_reproducible_format(src.geom.format, [&](auto f) {
+    return attend<decltype(f)::value>(src, q, out, lse, rows, num_q_heads, scale, prefill_pos0, threads);
+  });
 }
 
 }  // namespace

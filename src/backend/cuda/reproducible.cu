@@ -156,21 +156,11 @@ Status attend(const cache::CacheGeometry& g, const cache::LayerView& layer, cons
   const attention::TokenSource src{g, layer, t};
   const size_t items = size_t(rows) * num_q_heads;
   const unsigned blocks = static_cast<unsigned>((items + kAttendThreads - 1) / kAttendThreads);
-#define KVQ_RP_CASE(f)                                                                                             \
-  case f:                                                                                                          \
-    attend_kernel<f><<<blocks, kAttendThreads, 0, stream>>>(src, q, out, lse, rows, num_q_heads, scale, prefill_pos0); \
-    break;
-  switch (g.format) {
-    KVQ_RP_CASE(Format::kBf16)
-    KVQ_RP_CASE(Format::kFp16)
-    KVQ_RP_CASE(Format::kFp8E4m3)
-    KVQ_RP_CASE(Format::kFp8E4m3Fnuz)
-    KVQ_RP_CASE(Format::kInt8)
-    KVQ_RP_CASE(Format::kInt4)
-    KVQ_RP_CASE(Format::kInt4Kivi)
-    default: return unsupported("cuda attention (reproducible): unsupported cache format");
-  }
-#undef KVQ_RP_CASE
+  KVQ_RETURN_IF_ERROR(attention::with_reproducible_format(g.format, [&](auto f) {
+    attend_kernel<decltype(f)::value><<<blocks, kAttendThreads, 0, stream>>>(src, q, out, lse, rows, num_q_heads, scale,
+                                                                             prefill_pos0);
+    return Status::ok();
+  }));
   return launched(prefill_pos0 < 0 ? "cuda decode (reproducible)" : "cuda prefill (reproducible)");
 }
 
