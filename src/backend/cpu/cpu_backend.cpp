@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "kvq/attention/cpu.h"
+#include "kvq/common/reproducible_math.h"
 #include "kvq/format/bf16.h"
 #include "kvq/quant/quantize.h"
 #include "kvq/model/model.h"
@@ -152,8 +153,13 @@ Status CpuBackend::can_implement(const RmsNormArgs& a) const {
 size_t CpuBackend::workspace_size(const RmsNormArgs&) const { return 0; }
 Status CpuBackend::run(const RmsNormArgs& a) {
   KVQ_RETURN_IF_ERROR(can_implement(a));
-  // One definition in both numerics: it already is one fixed order (rp::rms_factor).
-  cpu_reproducible::rmsnorm(a);
+  // Both numerics: the row factor is one fixed order already (rp::rms_factor, as on the device).
+  for (int r = 0; r < a.rows; ++r) {
+    const float* x = a.x + static_cast<size_t>(r) * a.dim;
+    float* y = a.y + static_cast<size_t>(r) * a.dim;
+    const float s = rp::rms_factor(x, a.dim, a.eps);
+    for (int i = 0; i < a.dim; ++i) y[i] = rp::mul(rp::mul(x[i], s), a.weight[i]);
+  }
   return Status::ok();
 }
 

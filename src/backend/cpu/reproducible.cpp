@@ -1,5 +1,8 @@
-// The CPU backend's reproducible ops. Compiled with -ffp-contract=off (and -mfma on x86-64, see
-// CMakeLists.txt): every rp:: operation is exactly one IEEE operation here, as on the device.
+// The CPU backend's reproducible ops. Compiled with -ffp-contract=off (CMakeLists.txt): every rp::
+// operation is exactly one IEEE operation here, as on the device. On x86-64 the hot loops carry
+// target("avx2,fma") attributes (the backend refuses the mode on a CPU without them), so fmaf is one
+// instruction there; the rest of the library keeps the baseline ISA. Where fmaf is not inlined it
+// is the C library's, which is exact too: speed changes, bits do not.
 #include "reproducible.h"
 
 #include <algorithm>
@@ -12,9 +15,15 @@
 #include "kvq/common/reproducible_math.h"
 #include "kvq/format/bf16.h"
 
-#if defined(__x86_64__) && defined(__FMA__) && defined(__AVX__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define KVQ_RP_AVX2 1
+#define KVQ_RP_TARGET __attribute__((target("avx2,fma")))
+// Also inlines what the loop calls (attend_reproducible, rp::exp, ...) so their fmaf are instructions.
+#define KVQ_RP_TARGET_FLAT __attribute__((target("avx2,fma"), flatten))
+#else
+#define KVQ_RP_TARGET
+#define KVQ_RP_TARGET_FLAT
 #endif
 
 namespace kvq::backend::cpu_reproducible {
@@ -44,7 +53,8 @@ constexpr int kRowBlock = 4;
 
 // y[r][o0 + c] for c < cols and every row, from a panel wp[k][kPanel] of the weights' columns.
 // Each output is acc = 0; acc = fma(x[k], w[k], acc) for k = 0.. in order, then beta's add.
-void panel_rows(const float* x, int rows, int in, const float* wp, int o0, int cols, float* y, int out, bool add) {
+KVQ_RP_TARGET void panel_rows(const float* x, int rows, int in, const float* wp, int o0, int cols, float* y, int out,
+                              bool add) {
   for (int r0 = 0; r0 < rows; r0 += kRowBlock) {
     const int nr = std::min(kRowBlock, rows - r0);
     float acc[kRowBlock][kPanel];
@@ -82,24 +92,31 @@ void panel_rows(const float* x, int rows, int in, const float* wp, int o0, int c
   }
 }
 
+// Items [b, e) of (row, query head), each attention::attend_reproducible.
+template <Format F>
+KVQ_RP_TARGET_FLAT void attend_items(const attention::TokenSource& src, const float* q, float* out, float* lse,
+                                int num_q_heads, float scale, int prefill_pos0, size_t b, size_t e) {
+  const int d = src.geom.head_dim, group = num_q_heads / src.geom.num_kv_heads;
+  std::vector<float> scores;
+  for (size_t item = b; item < e; ++item) {
+    const int r = static_cast<int>(item / num_q_heads), hq = static_cast<int>(item % num_q_heads);
+    const bool prefill = prefill_pos0 >= 0;
+    const int seq = prefill ? 0 : r;
+    const int len = prefill ? prefill_pos0 + r + 1 : src.tables.seq_lens[r];
+    const int sink_len = std::min(std::max(src.tables.sink_lens[seq], 0), std::max(len, 0));
+    scores.resize(static_cast<size_t>(std::max(len, 1)));
+    const size_t at = (static_cast<size_t>(r) * num_q_heads + hq) * d;
+    const float l =
+        attention::attend_reproducible<F>(src, seq, len, sink_len, hq / group, q + at, scale, out + at, scores.data());
+    if (lse != nullptr) lse[static_cast<size_t>(r) * num_q_heads + hq] = l;
+  }
+}
+
 template <Format F>
 Status attend(const attention::TokenSource& src, const float* q, float* out, float* lse, int rows, int num_q_heads,
               float scale, int prefill_pos0, int threads) {
-  const int d = src.geom.head_dim, group = num_q_heads / src.geom.num_kv_heads;
   parallel_for(static_cast<size_t>(rows) * num_q_heads, threads, [&](size_t b, size_t e) {
-    std::vector<float> scores;
-    for (size_t item = b; item < e; ++item) {
-      const int r = static_cast<int>(item / num_q_heads), hq = static_cast<int>(item % num_q_heads);
-      const bool prefill = prefill_pos0 >= 0;
-      const int seq = prefill ? 0 : r;
-      const int len = prefill ? prefill_pos0 + r + 1 : src.tables.seq_lens[r];
-      const int sink_len = std::min(std::max(src.tables.sink_lens[seq], 0), std::max(len, 0));
-      scores.resize(static_cast<size_t>(std::max(len, 1)));
-      const size_t at = (static_cast<size_t>(r) * num_q_heads + hq) * d;
-      const float l = attention::attend_reproducible<F>(src, seq, len, sink_len, hq / group, q + at, scale, out + at,
-                                                        scores.data());
-      if (lse != nullptr) lse[static_cast<size_t>(r) * num_q_heads + hq] = l;
-    }
+    attend_items<F>(src, q, out, lse, num_q_heads, scale, prefill_pos0, b, e);
   });
   return Status::ok();
 }
@@ -118,7 +135,7 @@ Status attend_any(const attention::TokenSource& src, const float* q, float* out,
 }  // namespace
 
 Status supported() {
-#if defined(__x86_64__) && defined(__FMA__)
+#if defined(KVQ_RP_AVX2)
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("fma") || !__builtin_cpu_supports("avx2"))
     return unsupported("--numerics reproducible on the CPU needs FMA and AVX2 (x86-64-v3); this CPU lacks them");
@@ -156,16 +173,7 @@ Status gemm(const GemmArgs& a, int threads) {
   return Status::ok();
 }
 
-void rmsnorm(const RmsNormArgs& a) {
-  for (int r = 0; r < a.rows; ++r) {
-    const float* x = a.x + static_cast<size_t>(r) * a.dim;
-    float* y = a.y + static_cast<size_t>(r) * a.dim;
-    const float s = rp::rms_factor(x, a.dim, a.eps);
-    for (int i = 0; i < a.dim; ++i) y[i] = rp::mul(rp::mul(x[i], s), a.weight[i]);
-  }
-}
-
-void swiglu(const SwigluArgs& a) {
+KVQ_RP_TARGET_FLAT void swiglu(const SwigluArgs& a) {
   for (size_t i = 0; i < a.n; ++i) a.gate[i] = rp::silu_mul(a.gate[i], a.up[i]);
 }
 

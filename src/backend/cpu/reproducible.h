@@ -6,12 +6,11 @@
 
 namespace kvq::backend::cpu_reproducible {
 
-// Whether this CPU runs the translation unit (x86-64 needs FMA: it is compiled with -mfma so that
-// every fmaf is one instruction). The reason when not.
+// Whether this CPU runs the mode (x86-64 needs AVX2 and FMA: the hot loops are compiled for them).
+// The reason when not.
 Status supported();
 
 Status gemm(const GemmArgs& a, int threads);
-void rmsnorm(const RmsNormArgs& a);
 void swiglu(const SwigluArgs& a);
 Status decode(const DecodeArgs& a, int threads);
 Status prefill(const PrefillArgs& a, int threads);
