@@ -83,7 +83,7 @@ if [[ $steps == *tests* ]]; then
 fi
 
 if [[ $steps == *sanitize* ]]; then
-  subset='Sweep/CudaDecode.MatchesCpuReference/fp8_e4m3_per_token_head_D64*:Sweep/CudaDecode.MatchesCpuReference/int8_per_block_head_D128*:Sweep/CudaDecode.MatchesCpuReference/bf16_D64_Hkv3*:Sweep/CudaWrite.BitExactWithHostCache/fp8_e4m3_per_block_head_D64*:Sweep/CudaWrite.BitExactWithHostCache/int8_per_tensor_D128_Hkv2*:Sweep/CudaWrite.BitExactWithHostCache/fp8_e4m3_per_token_head_D128*:Sweep/CudaDecode.MatchesCpuReference/int4_per_block_head_D64_Hkv2*:Sweep/CudaDecode.MatchesCpuReference/int4_per_tensor_D128_Hkv2*:Sweep/CudaDecode.MatchesCpuReference/int4_per_token_head_fp16scales_D64_Hkv4*'
+  subset='Sweep/CudaDecode.MatchesCpuReference/fp8_e4m3_per_token_head_D64*:Sweep/CudaDecode.MatchesCpuReference/int8_per_block_head_D128*:Sweep/CudaDecode.MatchesCpuReference/bf16_D64_Hkv3*:Sweep/CudaDecode.MatchesCpuReference/bf16_D128_Hkv2_G4_B32*:Sweep/CudaWrite.BitExactWithHostCache/fp8_e4m3_per_block_head_D64*:Sweep/CudaWrite.BitExactWithHostCache/int8_per_tensor_D128_Hkv2*:Sweep/CudaWrite.BitExactWithHostCache/fp8_e4m3_per_token_head_D128*:Sweep/CudaDecode.MatchesCpuReference/int4_per_block_head_D64_Hkv2*:Sweep/CudaDecode.MatchesCpuReference/int4_per_tensor_D128_Hkv2*:Sweep/CudaDecode.MatchesCpuReference/int4_per_token_head_fp16scales_D64_Hkv4*'
   for tool in memcheck racecheck; do
     timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "${TESTS[0]}" --gtest_filter="$subset" --gtest_brief=1 \
       >>"$OUT/sanitizer.log" 2>&1
@@ -98,6 +98,21 @@ if [[ $steps == *bench* ]]; then
   note "bench decode: rc=$?"
   timeout 120 "$KVQ" bench write --backend cuda --json "$OUT/bench_write.json" >>"$OUT/bench.log" 2>&1
   note "bench write: rc=$?"
+fi
+
+if [[ $steps == *ab16* ]]; then
+  # docs/GPU_NOTES.md §16: every format at both block sizes (16-bit through the ring, the planner's
+  # choice), then bf16 on the register kernel and with deeper rings, in the same run.
+  { echo "=== all formats, block 16 and 32 (planner's choice)"
+    "$KVQ" bench decode --backend cuda --kv-cache-dtype bf16,fp8,int8,int4 --block-sizes 16,32 --iters 30 --json "$OUT/bench_ab16.json"
+    echo "=== bf16 on the register kernel"
+    KVQ_DECODE_16BIT=register "$KVQ" bench decode --backend cuda --kv-cache-dtype bf16 --block-sizes 16,32 --iters 30
+    for st in 8 12; do
+      echo "=== bf16 ring, $st stages"
+      KVQ_DECODE_RING_STAGES=$st "$KVQ" bench decode --backend cuda --kv-cache-dtype bf16 --block-sizes 16,32 --iters 30
+    done
+  } >>"$OUT/bench.log" 2>&1
+  note "ab16: rc=$?"
 fi
 
 if [[ $steps == *configs* ]]; then

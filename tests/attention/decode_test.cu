@@ -102,22 +102,28 @@ void check_case(const AttnCase& c) {
   // One, planned and an odd number of splits; then the smallest ring (8-bit caches), so every
   // stage is reused many times and a stale phase or an early release would show; each ring feed
   // (the planner picks one by the batch shape) with the planned and the smallest ring; 7 splits with
-  // the sink dealt over all of them (what a one-wave plan does) and with the sink first.
+  // the sink dealt over all of them (what a one-wave plan does) and with the sink first; 16-bit
+  // caches also on the register kernel (DecodeOptions::ring_16bit = 0), planned and 7 splits.
   struct Run {
     int splits, ring_stages;
     kc::RingFeed feed;
     int spread_sink = -1;
+    int ring_16bit = -1;
   };
   for (const Run run : {Run{1, 0, kc::RingFeed::kAuto}, Run{0, 0, kc::RingFeed::kAuto}, Run{7, 0, kc::RingFeed::kAuto, 1},
                         Run{0, 4, kc::RingFeed::kSelf}, Run{0, 4, kc::RingFeed::kProducer},
                         Run{0, 0, kc::RingFeed::kSelf}, Run{7, 0, kc::RingFeed::kProducer, 1},
-                        Run{7, 0, kc::RingFeed::kSelf, 0}, Run{7, 0, kc::RingFeed::kProducer, 0}}) {
+                        Run{7, 0, kc::RingFeed::kSelf, 0}, Run{7, 0, kc::RingFeed::kProducer, 0},
+                        Run{0, 0, kc::RingFeed::kAuto, -1, 0}, Run{7, 0, kc::RingFeed::kAuto, 1, 0}}) {
+    const bool is16 = format_traits(c.format).bits == 16;
+    if (run.ring_16bit == 0 && !is16) continue;  // the option only changes 16-bit plans
     const int forced = run.splits;
     kc::DecodeOptions opts;
     opts.force_splits = forced;
     opts.ring_stages = run.ring_stages;
     opts.ring_feed = run.feed;
     opts.spread_sink = run.spread_sink;
+    opts.ring_16bit = run.ring_16bit;
     auto plan = kc::plan(a, dev, opts);
     ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
     auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(a, plan.value()), 16));
@@ -133,7 +139,8 @@ void check_case(const AttnCase& c) {
     const std::string tag = c.name() + " splits=" + std::to_string(plan.value().num_splits) +
                             (plan.value().spread_sink ? " sink spread" : " sink first") +
                             " stages=" + std::to_string(plan.value().ring_stages) +
-                            (plan.value().producer_warp ? " producer" : " self");
+                            (plan.value().producer_warp ? " producer" : " self") +
+                            (is16 ? (plan.value().ring_stages > 0 ? " ring" : " register") : "");
     ASSERT_TRUE(testing::all_finite(got.data(), got.size())) << tag << ": output has NaN/inf (unwritten or poisoned read)";
     // Per (sequence, head) rows, so a single bad row cannot hide in a large norm.
     double worst = 0;
@@ -146,7 +153,7 @@ void check_case(const AttnCase& c) {
     }
     ::testing::Test::RecordProperty("worst_rel_l2_s" + std::to_string(forced) + "_ss" + std::to_string(run.spread_sink) +
                                         "_r" + std::to_string(run.ring_stages) +
-                                        (plan.value().producer_warp ? "_p" : "_s"),
+                                        (plan.value().producer_warp ? "_p" : "_s") + (run.ring_16bit == 0 ? "_reg" : ""),
                                     std::to_string(worst));
   }
 }
@@ -175,6 +182,10 @@ std::vector<AttnCase> gpu_cases() {
   add(Format::kFp8E4m3Fnuz, ScaleGranularity::kPerTokenHead, 128, 2, 4, 32, 20, {3000, 52, 53});
   add(Format::kFp8E4m3, ScaleGranularity::kPerTensor, 256, 1, 8, 16, 256, {2600, 256, 257, 1});
   add(Format::kFp16, ScaleGranularity::kPerTokenHead, 128, 2, 2, 16, 16, {700, 16, 15});
+  // 16-bit pages through the bulk ring (one tile per softmax step at D128, two at D64), many ring laps.
+  add(Format::kBf16, ScaleGranularity::kPerTokenHead, 128, 2, 4, 32, 20, {3000, 52, 53});
+  add(Format::kBf16, ScaleGranularity::kPerTokenHead, 64, 1, 9, 16, 48, {4000, 49, 1});
+  add(Format::kFp16, ScaleGranularity::kPerTokenHead, 64, 3, 3, 32, 0, {1500, 21, 64});
   add(Format::kInt8, ScaleGranularity::kPerTokenHead, 256, 2, 5, 32, 0, {1000, 32, 31});
   // The bulk kernel: per-block scales read out of their 16-byte chunk (3 kv heads: every offset in
   // the chunk), and SmolLM2's shape (head_dim 64, GQA 3) with pages spread over many ring laps.

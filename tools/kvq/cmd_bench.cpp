@@ -178,6 +178,8 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
       d.ring_feed = std::string(env) == "producer" ? kc::RingFeed::kProducer
                     : std::string(env) == "self"   ? kc::RingFeed::kSelf
                                                    : kc::RingFeed::kAuto;
+    // And for the 16-bit kernels of §16: "register" or "ring" (default: the planner's choice).
+    if (const char* env = std::getenv("KVQ_DECODE_16BIT")) d.ring_16bit = std::string(env) == "register" ? 0 : 1;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);
     if (!rows.is_ok()) return fail("decode", rows.status());

@@ -402,6 +402,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   dopts.force_splits = o.force_splits;
   dopts.ring_stages = o.ring_stages;
   dopts.ring_feed = o.ring_feed;
+  dopts.ring_16bit = o.ring_16bit;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;

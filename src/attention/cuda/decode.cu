@@ -19,10 +19,11 @@ ScaleMode scale_mode(const cache::CacheGeometry& g) {
   return g.granularity == ScaleGranularity::kPerTensor ? ScaleMode::kTensor : ScaleMode::kToken;
 }
 
-detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g) {
+// ring_16bit: 16-bit caches through the bulk-copy kernel where it has an instance (DecodePlan::ring_16bit).
+detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g, bool ring_16bit = true) {
   switch (g.format) {
     case Format::kBf16:
-    case Format::kFp16: return detail::decode_kernel_16bit(g.format, g.head_dim);
+    case Format::kFp16: return detail::decode_kernel_16bit(g.format, g.head_dim, ring_16bit);
     case Format::kFp8E4m3:
     case Format::kFp8E4m3Fnuz: return detail::decode_kernel_fp8(g.head_dim, scale_mode(g));
     case Format::kInt8: return detail::decode_kernel_int8(g.head_dim, scale_mode(g));
@@ -87,7 +88,8 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   p.num_seqs = a.tables.num_seqs;
   p.num_q_heads = a.num_q_heads;
   p.max_tokens = (a.tables.max_blocks + a.tables.max_sink_blocks) * a.geom.block_size;
-  const detail::DecodeKernelFn kern = kernel_for(a.geom);
+  p.ring_16bit = opts.ring_16bit != 0;
+  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit);
   const long long base = static_cast<long long>(std::max(a.tables.num_seqs, 1)) * a.geom.num_kv_heads * p.head_groups;
   if (kern.bulk) {
     p.producer_warp = opts.ring_feed == RingFeed::kProducer ||
@@ -187,7 +189,7 @@ size_t workspace_size(const DecodeArgs& a, const DecodePlan& p) {
 Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream stream) {
   KVQ_RETURN_IF_ERROR(can_implement(a));
   if (a.tables.num_seqs == 0) return Status::ok();
-  const detail::DecodeKernelFn kern = kernel_for(a.geom);
+  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit);
   if (a.tables.num_seqs != p.num_seqs || a.num_q_heads != p.num_q_heads || a.tables.max_blocks > p.max_blocks ||
       a.tables.max_sink_blocks > p.max_sink_blocks || p.num_splits < 1 ||
       (p.producer_warp && !kern.bulk) || p.threads != kern.threads(p.producer_warp) ||
@@ -225,7 +227,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;
-    detail::decode_merge_kernel_for(g.head_dim)<<<rows, std::max(32, g.head_dim / 4), 0, stream>>>(
+    detail::decode_merge_kernel_for(g.head_dim)<<<rows, detail::kMergeThreads, 0, stream>>>(
         k.part_out, k.part_lse, p.num_splits, a.out, a.lse);
     KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode merge kernel"));
   }

@@ -1,8 +1,10 @@
 #pragma once
-// The decode kernel of the quantized caches (fp8 OCP/FNUZ, int8, int4): whole page-head tiles are
-// streamed into a shared-memory ring with cp.async.bulk and four warps attend them from there. int4
-// is the same kernel with half the bytes per tile: the warps unpack nibbles into the same fp16
-// fragments (Path<kInt4>), so numerics and scale handling are the 8-bit ones.
+// The decode kernel of the quantized caches (fp8 OCP/FNUZ, int8, int4) and of 16-bit caches at head
+// dim 64 and 128: whole page-head tiles are streamed into a shared-memory ring with cp.async.bulk and
+// four warps attend them from there. int4 is the same kernel with half the bytes per tile: the warps
+// unpack nibbles into the same fp16 fragments (Path<kInt4>), so numerics and scale handling are the
+// 8-bit ones; bf16/fp16 tiles go to the mma as loaded (the register kernel's fragments, read from
+// shared memory instead of global memory).
 //
 // Why (docs/GPU_NOTES.md §5, §9, §13): with per-lane loads an 8-bit tile is half the bytes of a
 // bf16 tile for the same per-tile work, and the bytes a warp can keep in flight were capped by its
@@ -59,7 +61,6 @@ KVQ_HD int bulk_stage_bytes(const cache::CacheGeometry& g) {
 template <Format F, int D, ScaleMode SM, ScaleDtype SD>
 __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in_page, int bs, int scale_sub,
                                                int lane, Payload<F, D>& pl) {
-  static_assert(Path<F>::kBits <= 8, "the bulk kernel reads 8- and 4-bit tiles");
   constexpr int kKW = TileShape<F, D>::kKWords, kVW = TileShape<F, D>::kVWords;
   constexpr int kRow = D * Path<F>::kBits / 8;  // bytes of one token's codes
   const int g = lane >> 2, t = lane & 3;
@@ -173,12 +174,13 @@ __device__ __forceinline__ void attend_page(const DecodeParams& p, const CtaWork
       scale_sub = static_cast<int>(p.geom.scale_index(page_id, w.kv_head, 0) & (16 / p.geom.scale_bytes() - 1));
   }
   const int tile0 = (w.first_page + i) * tpp;
-  for (int kt = 0; kt < tpp; kt += 2) {
+  constexpr int N = TileShape<F, D>::kRingStepTiles;
+  for (int kt = 0; kt < tpp; kt += N) {
     if (tile0 + kt >= w.main_t1) break;
-    Payload<F, D> pl[2];
-    load_tile_smem<F, D, SM, SD>(stage, kt, bs, scale_sub, lane, pl[0]);
-    load_tile_smem<F, D, SM, SD>(stage, kt + 1, bs, scale_sub, lane, pl[1]);
-    compute_tiles<F, D, SM, 2>(pl, qf, a, tile0 + kt, lane, st);
+    Payload<F, D> pl[N];
+#pragma unroll
+    for (int n = 0; n < N; ++n) load_tile_smem<F, D, SM, SD>(stage, kt + n, bs, scale_sub, lane, pl[n]);
+    compute_tiles<F, D, SM, N>(pl, qf, a, tile0 + kt, lane, st);
   }
 }
 

@@ -20,18 +20,28 @@ struct DecodeKernelFn {
 };
 using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 
-// 8- and 4-bit caches take the bulk-copy kernel, 16-bit caches the register kernel (docs/GPU_NOTES.md
-// §9, §11, §13). The register cap (kMinCtas) lets that many CTAs share an SM with their rings: with
-// Feed::kSelf (four warps) D64 and D128 at 4 (<= 128 registers; D128 spills 8-12 bytes), D256 at 2;
-// with Feed::kProducer (five warps) D64 at 4 (96 registers), D128 at 3, D256 at 1.
+// 8- and 4-bit caches take the bulk-copy kernel; 16-bit caches take it at head_dim 64 and 128 and
+// the register kernel at 256, where a 16-bit tile pair (K 32 + V 32 words per lane and tile) does not
+// fit the bulk kernel's register budget (docs/GPU_NOTES.md §9, §11, §13, §16). The register cap
+// (kMinCtas) lets that many CTAs share an SM with their rings: with Feed::kSelf (four warps) D64 and
+// D128 at 4 (<= 128 registers; D128 spills 8-12 bytes), D256 at 2; with Feed::kProducer (five warps)
+// D64 at 4 (96 registers), D128 at 3, D256 at 1.
+template <Format F, int D, ScaleMode SM>
+DecodeKernelFn bulk_instance() {
+  constexpr int kSelfCtas = D == 256 ? 2 : 4, kProducerCtas = D == 64 ? 4 : D == 128 ? 3 : 1;
+  return {decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf>, decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer>,
+          true};
+}
+template <Format F, int D, ScaleMode SM>
+DecodeKernelFn register_instance() {
+  return {decode_kernel<F, D, SM, 1>, nullptr, false};
+}
 template <Format F, int D, ScaleMode SM>
 DecodeKernelFn decode_instance() {
   if constexpr (Path<F>::kBits <= 8) {
-    constexpr int kSelfCtas = D == 256 ? 2 : 4, kProducerCtas = D == 64 ? 4 : D == 128 ? 3 : 1;
-    return {decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf>, decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer>,
-            true};
+    return bulk_instance<F, D, SM>();
   } else {
-    return {decode_kernel<F, D, SM, 1>, nullptr, false};
+    return register_instance<F, D, SM>();
   }
 }
 
@@ -57,7 +67,8 @@ DecodeKernelFn scaled_instances(int head_dim, ScaleMode sm) {
 DecodeKernelFn decode_kernel_fp8(int head_dim, ScaleMode sm);
 DecodeKernelFn decode_kernel_int8(int head_dim, ScaleMode sm);
 DecodeKernelFn decode_kernel_int4(int head_dim, ScaleMode sm);
-DecodeKernelFn decode_kernel_16bit(Format f, int head_dim);
+// ring: the bulk-copy kernel where a 16-bit instance exists (head_dim 64, 128), else the register kernel.
+DecodeKernelFn decode_kernel_16bit(Format f, int head_dim, bool ring);
 MergeKernelFn decode_merge_kernel_for(int head_dim);
 
 }  // namespace kvq::attention::cuda::detail

@@ -139,6 +139,9 @@ struct TileShape {
   static constexpr int kWordsPerTile = kKWords + 2 * kVWords + 4;
   static constexpr int kNT = kWordsPerTile <= 12 ? 4 : kWordsPerTile <= 24 ? 2 : 1;
   static constexpr bool kPrefetch = kWordsPerTile * kNT <= 48;
+  // Tiles per softmax step in the bulk kernel: two (one k = 16 PV contraction per pair), except for
+  // 16-bit tiles at D >= 128, whose one tile is already 36 words of payload per lane.
+  static constexpr int kRingStepTiles = Path<F>::kBits == 16 && D >= 128 ? 1 : 2;
 };
 
 template <Format F, int D>
@@ -644,30 +647,61 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const 
   merge_and_store<D>(p, w, sm, st, warp, lane);
 }
 
-// Log-sum-exp merge of the splits: one CTA per (sequence, query head), 4 dims per thread.
+// Log-sum-exp merge of the splits: one CTA of kMergeThreads per (sequence, query head). D / 4 threads
+// cover a row's dims (4 each); the CTA's kMergeThreads / (D / 4) such groups take every
+// (kMergeThreads / (D / 4))-th split, so that many splits' loads are in flight at once instead of a
+// serial walk over the splits (the merge of 49 splits took 16 us of B1 L32768's 52, docs/GPU_NOTES.md
+// §14, §16), and the groups' sums meet in shared memory.
+constexpr int kMergeThreads = 128;
 template <int D>
-__global__ void __launch_bounds__(64) decode_merge_kernel(const float* part_out, const float* part_lse, int num_splits,
-                                                           float* out, float* lse) {
+__global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const float* part_out, const float* part_lse,
+                                                                      int num_splits, float* out, float* lse) {
+  constexpr int kLanes = D / 4, kGroups = kMergeThreads / kLanes;
+  static_assert(kGroups >= 1 && kMergeThreads % kLanes == 0, "a row's dims must fit one merge CTA");
+  constexpr float kNegInf = -__builtin_huge_valf();
+  __shared__ float red[kMergeThreads / 32];
+  __shared__ float4 acc_s[kGroups][kLanes];
+  __shared__ float l_s[kGroups];
   const size_t row = blockIdx.x;
   const float* pl = part_lse + row * num_splits;
-  constexpr float kNegInf = -__builtin_huge_valf();
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+
+  float m = kNegInf;
+  for (int s = tid; s < num_splits; s += kMergeThreads) m = fmaxf(m, pl[s]);
+  m = warp_max_xor(m, 16);
+  if (lane == 0) red[warp] = m;
+  __syncthreads();
   float M = kNegInf;
-  for (int s = 0; s < num_splits; ++s) M = fmaxf(M, pl[s]);
+#pragma unroll
+  for (int v = 0; v < kMergeThreads / 32; ++v) M = fmaxf(M, red[v]);
   const float M_use = M == kNegInf ? 0.f : M;
+
+  const int grp = tid / kLanes, d = (tid % kLanes) * 4;
   float L = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  const int d = threadIdx.x * 4;
-  for (int s = 0; s < num_splits; ++s) {
+  const float* po = part_out + row * num_splits * D + d;
+#pragma unroll 4
+  for (int s = grp; s < num_splits; s += kGroups) {
     const float w = exp2f(pl[s] - M_use);
+    const float4 x = *reinterpret_cast<const float4*>(po + static_cast<size_t>(s) * D);
     L += w;
-    if (d < D && w != 0.f) {
-      const float4 x = *reinterpret_cast<const float4*>(part_out + (row * num_splits + s) * D + d);
-      acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
-    }
+    // An empty split (w = 0) contributes nothing, whatever it stored; a NaN of a non-empty one stays.
+    if (w != 0.f) acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+  }
+  acc_s[grp][tid % kLanes] = acc;
+  if (tid % kLanes == 0) l_s[grp] = L;
+  __syncthreads();
+  if (grp != 0) return;
+  L = l_s[0];
+#pragma unroll
+  for (int g = 1; g < kGroups; ++g) {
+    const float4 x = acc_s[g][tid];
+    acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
+    L += l_s[g];
   }
   const float inv = L == 0.f ? 0.f : 1.f / L;
-  if (d < D) *reinterpret_cast<float4*>(out + row * D + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-  if (threadIdx.x == 0 && lse != nullptr) lse[row] = L == 0.f ? kNegInf : (M + __log2f(L)) * kLn2;
+  *reinterpret_cast<float4*>(out + row * D + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  if (tid == 0 && lse != nullptr) lse[row] = L == 0.f ? kNegInf : (M + __log2f(L)) * kLn2;
 }
 
 }  // namespace kvq::attention::cuda::detail

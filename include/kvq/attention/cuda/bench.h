@@ -53,6 +53,7 @@ struct DecodeBenchOptions {
   int force_splits = 0;
   int ring_stages = 0;    // 8- and 4-bit caches: DecodeOptions::ring_stages (0: the planner's choice)
   RingFeed ring_feed = RingFeed::kAuto;  // 8- and 4-bit caches: DecodeOptions::ring_feed
+  int ring_16bit = -1;    // bf16/fp16: DecodeOptions::ring_16bit (-1: the planner's choice)
   uint64_t seed = 1;
   BenchTiming timing;
 };
@@ -68,7 +69,7 @@ struct DecodeBenchRow {
   double tb_per_s = 0;        // kv_bytes / median
   double frac_of_copy = 0;    // tb_per_s / copy bandwidth
   double frac_of_read = 0;    // tb_per_s / read-only streaming bandwidth (decode only reads K/V)
-  int ring_stages = 0;        // 8- and 4-bit caches: pages in flight per CTA
+  int ring_stages = 0;        // bulk-copy kernel: pages in flight per CTA (0: the register kernel)
   bool producer_warp = false;  // 8- and 4-bit caches: the plan's ring feed
   double speedup_vs_bf16 = 0; // bf16 median / this median at the same block size (0 when bf16 was not run)
 };

@@ -16,7 +16,8 @@
 // contiguous in the pool) are copied with cp.async.bulk into a ring of `ring_stages` pages in shared
 // memory, and four warps attend them from there; the plan picks who refills the ring (`ring_feed`):
 // the attending warps themselves when the grid has many CTAs, a fifth (producer) warp when it has
-// few, each a long chain of pages; 16-bit caches load per lane into registers.
+// few, each a long chain of pages. 16-bit caches take the same ring at head_dim 64 and 128 and load
+// per lane into registers at 256 (the register kernel, which the bf16 sink tokens always use).
 // Dequantisation is fused: codes are converted in registers and multiplied on tensor cores
 // (mma.sync; fp8/int8/int4 through exact fp16 values, bf16 natively) with the query and the
 // probabilities split into a high and a low half, so the products keep ~22 bits. Per-token and
@@ -53,6 +54,7 @@ struct DecodePlan {
   int ring_stages = 0;      // 8- and 4-bit caches: pages in flight per CTA in the shared-memory ring
   int smem_bytes = 0;       // dynamic shared memory per CTA (the ring and its barriers)
   bool producer_warp = false;  // 8- and 4-bit caches: a fifth warp refills the ring (else the attending warps)
+  bool ring_16bit = true;      // bf16/fp16 caches at head_dim 64/128: the bulk-copy kernel (else the register kernel)
 };
 
 // Who refills the ring of the 8- and 4-bit kernel. kAuto: a producer warp when fewer than
@@ -66,6 +68,8 @@ struct DecodeOptions {
   int ring_stages = 0;   // 8- and 4-bit caches, > 0: ring depth in pages (rounded to a multiple of 4, 4..16); 0: choose
   RingFeed ring_feed = RingFeed::kAuto;
   int spread_sink = -1;  // 1: deal the sink over all splits, 0: the first ones first (tests); -1: choose
+  int ring_16bit = -1;   // bf16/fp16 at head_dim 64/128: 1 the bulk-copy ring, 0 the register kernel (tests,
+                         // measurements); -1: choose (the ring, docs/GPU_NOTES.md §16)
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
