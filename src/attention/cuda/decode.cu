@@ -88,9 +88,12 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   p.num_seqs = a.tables.num_seqs;
   p.num_q_heads = a.num_q_heads;
   p.max_tokens = (a.tables.max_blocks + a.tables.max_sink_blocks) * a.geom.block_size;
-  p.ring_16bit = opts.ring_16bit != 0;
-  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit);
   const long long base = static_cast<long long>(std::max(a.tables.num_seqs, 1)) * a.geom.num_kv_heads * p.head_groups;
+  // 16-bit caches: the ring streams 90-96% of the read ceiling where the register kernel gave 80-85%,
+  // except when one split of the batch is a handful of CTAs (B1 x 8 kv heads: 54.8 vs 52.0 us),
+  // where each CTA is one long chain and the register kernel's loads start sooner (docs/GPU_NOTES.md §16).
+  p.ring_16bit = opts.ring_16bit >= 0 ? opts.ring_16bit == 1 : base >= std::max(dev.sm_count, 1) / 8;
+  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit);
   if (kern.bulk) {
     p.producer_warp = opts.ring_feed == RingFeed::kProducer ||
                       (opts.ring_feed == RingFeed::kAuto && base < std::max(dev.sm_count, 1) / 2);

@@ -69,7 +69,8 @@ struct DecodeOptions {
   RingFeed ring_feed = RingFeed::kAuto;
   int spread_sink = -1;  // 1: deal the sink over all splits, 0: the first ones first (tests); -1: choose
   int ring_16bit = -1;   // bf16/fp16 at head_dim 64/128: 1 the bulk-copy ring, 0 the register kernel (tests,
-                         // measurements); -1: choose (the ring, docs/GPU_NOTES.md §16)
+                         // measurements); -1: choose (the ring unless a split of the batch is < sm_count / 8
+                         // CTAs, docs/GPU_NOTES.md §16)
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
