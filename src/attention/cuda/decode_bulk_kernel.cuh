@@ -103,39 +103,70 @@ __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in
   }
 }
 
-// Where page `page` of kv head `kv_head` comes from: byte offsets of its K/V tiles in the code
-// planes and of its scale runs in the scale planes.
+// Where the pages of this CTA's kv head come from, reduced once per CTA to a few constants: the
+// geometry's index functions per page cost 64-bit multiplies and, through the format's traits, a
+// table load and a switch on the refill path (docs/GPU_NOTES.md §16).
+struct RingAddr {
+  uint32_t tile;          // bytes of one K or V tile (bulk_tile_bytes)
+  uint32_t sbytes;        // bytes of one scale copy (bulk_scale_bytes; 0 without per-page scales)
+  uint32_t code_page;     // code bytes of one page (every kv head; < 2^32 since a kernel's kv heads <= 65535)
+  uint32_t code_head;     // this kv head's tile within its page
+  uint32_t scale_unit;    // per_token_head: bytes of a page head's scale run; per_block_head: of a scale
+  uint32_t scale_bytes;   // 4 (fp32) or 2 (fp16)
+  int nkv, head;
+  bool per_token;         // per_token_head (runs), else per_block_head (the 16-byte chunk of the scale)
+};
+template <Format F, int D, ScaleMode SM>
+__device__ __forceinline__ RingAddr ring_addr(const DecodeParams& p, int kv_head) {
+  constexpr size_t kRow = D * Path<F>::kBits / 8;
+  RingAddr r;
+  r.tile = static_cast<uint32_t>(p.block_size * kRow);
+  r.code_page = r.tile * static_cast<uint32_t>(p.num_kv_heads);
+  r.code_head = r.tile * static_cast<uint32_t>(kv_head);
+  r.nkv = p.num_kv_heads, r.head = kv_head;
+  r.sbytes = 0, r.scale_unit = 0, r.scale_bytes = 4, r.per_token = true;
+  if constexpr (SM == ScaleMode::kToken) {
+    r.sbytes = static_cast<uint32_t>(bulk_scale_bytes(p.geom));
+    r.scale_bytes = static_cast<uint32_t>(p.geom.scale_bytes());
+    r.per_token = p.geom.granularity == ScaleGranularity::kPerTokenHead;
+    r.scale_unit = r.per_token ? static_cast<uint32_t>(p.block_size) * r.scale_bytes : r.scale_bytes;
+  }
+  return r;
+}
+
+// Byte offsets of page `page`'s K/V tiles in the code planes and of its scale runs in the scale planes
+// (per_block_head: the 16-byte chunk that holds the page head's scale, 4 fp32 or 8 fp16).
 struct PageSource {
   size_t codes, scales;
 };
-template <Format F, int D, ScaleMode SM>
-__device__ __forceinline__ PageSource page_source(const DecodeParams& p, int kv_head, int page) {
-  constexpr size_t kRow = D * Path<F>::kBits / 8;
+template <ScaleMode SM>
+__device__ __forceinline__ PageSource page_source(const RingAddr& r, int page) {
   PageSource src;
-  src.codes = p.geom.elem_index(page, kv_head, 0) / D * kRow;  // code_offset, D and bits known here
+  src.codes = static_cast<size_t>(static_cast<uint32_t>(page)) * r.code_page + r.code_head;
   src.scales = 0;
   if constexpr (SM == ScaleMode::kToken) {
-    size_t si = p.geom.scale_index(page, kv_head, 0);
-    // per_block_head: the 16-byte chunk holding the page head's scale (4 fp32 or 8 fp16).
-    if (p.geom.granularity != ScaleGranularity::kPerTokenHead) si &= ~(16 / p.geom.scale_bytes() - 1);
-    src.scales = si * p.geom.scale_bytes();
+    const size_t b = (static_cast<size_t>(static_cast<uint32_t>(page)) * r.nkv + r.head) * r.scale_unit;
+    src.scales = r.per_token ? b : b & ~static_cast<size_t>(15);
   }
   return src;
+}
+// per_block_head: the page head's scale within its 16-byte chunk; -1 for per-token runs.
+__device__ __forceinline__ int scale_sub(const RingAddr& r, int page) {
+  if (r.per_token) return -1;
+  return static_cast<int>((((static_cast<size_t>(page) * r.nkv + r.head) * r.scale_bytes) & 15) / r.scale_bytes);
 }
 
 // Lane 0: requests a page (K tile, V tile, then the K and V scale runs) into stage `st`, completing
 // on `bar`.
-template <Format F, int D, ScaleMode SM>
-__device__ __forceinline__ void request_page(const DecodeParams& p, const PageSource& src, uint8_t* st, uint64_t* bar) {
-  constexpr uint32_t kRow = D * Path<F>::kBits / 8;
-  const uint32_t tile = static_cast<uint32_t>(p.block_size) * kRow;  // bulk_tile_bytes
-  const uint32_t sbytes = SM == ScaleMode::kToken ? static_cast<uint32_t>(bulk_scale_bytes(p.geom)) : 0;
-  mbar_arrive_expect_tx(bar, 2 * tile + 2 * sbytes);
-  bulk_copy_g2s(st, p.k_codes + src.codes, tile, bar);
-  bulk_copy_g2s(st + tile, p.v_codes + src.codes, tile, bar);
+template <ScaleMode SM>
+__device__ __forceinline__ void request_page(const DecodeParams& p, const RingAddr& r, const PageSource& src, uint8_t* st,
+                                             uint64_t* bar) {
+  mbar_arrive_expect_tx(bar, 2 * r.tile + 2 * r.sbytes);
+  bulk_copy_g2s(st, p.k_codes + src.codes, r.tile, bar);
+  bulk_copy_g2s(st + r.tile, p.v_codes + src.codes, r.tile, bar);
   if constexpr (SM == ScaleMode::kToken) {
-    bulk_copy_g2s(st + 2 * tile, static_cast<const uint8_t*>(p.k_scales) + src.scales, sbytes, bar);
-    bulk_copy_g2s(st + 2 * tile + sbytes, static_cast<const uint8_t*>(p.v_scales) + src.scales, sbytes, bar);
+    bulk_copy_g2s(st + 2 * r.tile, static_cast<const uint8_t*>(p.k_scales) + src.scales, r.sbytes, bar);
+    bulk_copy_g2s(st + 2 * r.tile + r.sbytes, static_cast<const uint8_t*>(p.v_scales) + src.scales, r.sbytes, bar);
   }
 }
 
@@ -165,14 +196,12 @@ __device__ __forceinline__ WarpPages warp_pages(const DecodeParams& p, const Cta
 // Split page i, in `stage`: its tiles through compute_tiles, two per softmax step. Tiles past the
 // part's end (last page) are masked by compute_tiles; their bytes are in the stage.
 template <Format F, int D, ScaleMode SM, ScaleDtype SD>
-__device__ __forceinline__ void attend_page(const DecodeParams& p, const CtaWork& w, const PartArgs& a, const uint4* qf,
-                                            const uint8_t* stage, int page_id, int i, int lane, State<D>& st) {
+__device__ __forceinline__ void attend_page(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
+                                            const uint4* qf, const uint8_t* stage, int page_id, int i, int lane,
+                                            State<D>& st) {
   const int bs = p.block_size, tpp = bs / kTileTokens;
   int scale_sub = -1;
-  if constexpr (SM == ScaleMode::kToken) {
-    if (p.geom.granularity != ScaleGranularity::kPerTokenHead)
-      scale_sub = static_cast<int>(p.geom.scale_index(page_id, w.kv_head, 0) & (16 / p.geom.scale_bytes() - 1));
-  }
+  if constexpr (SM == ScaleMode::kToken) scale_sub = detail::scale_sub(ra, page_id);
   const int tile0 = (w.first_page + i) * tpp;
   constexpr int N = TileShape<F, D>::kRingStepTiles;
   for (int kt = 0; kt < tpp; kt += N) {
@@ -188,8 +217,8 @@ __device__ __forceinline__ void attend_page(const DecodeParams& p, const CtaWork
 
 // The warp's first S / kDecodeWarps pages, requested by lane 0 (before the sink, which they overlap).
 template <Format F, int D, ScaleMode SM>
-__device__ void prime_ring(const DecodeParams& p, const CtaWork& w, uint64_t* full, int* page_ids, uint8_t* ring,
-                           int warp, int lane) {
+__device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, uint64_t* full, int* page_ids,
+                           uint8_t* ring, int warp, int lane) {
   const WarpPages wp = warp_pages(p, w, warp);
   const int R = p.ring_stages / kDecodeWarps;
   const int ids = wp.window(warp, 0, lane);  // R <= 4 entries in one load, not R loads in a row
@@ -197,15 +226,15 @@ __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, uint64_t* fu
     const int s = warp + kDecodeWarps * k, page = __shfl_sync(0xffffffffu, ids, k);
     if (lane == 0) {
       page_ids[s] = page;
-      request_page<F, D, SM>(p, page_source<F, D, SM>(p, w.kv_head, page), ring + static_cast<size_t>(s) * p.stage_bytes,
-                             &full[s]);
+      request_page<SM>(p, ra, page_source<SM>(ra, page), ring + static_cast<size_t>(s) * p.stage_bytes, &full[s]);
     }
   }
 }
 
 template <Format F, int D, ScaleMode SM, ScaleDtype SD>
-__device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const PartArgs& a, const uint4* qf,
-                                 uint64_t* full, int* page_ids, uint8_t* ring, int warp, int lane, State<D>& st) {
+__device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
+                                 const uint4* qf, uint64_t* full, int* page_ids, uint8_t* ring, int warp, int lane,
+                                 State<D>& st) {
   const int S = p.ring_stages, R = S / kDecodeWarps;
   const WarpPages wp = warp_pages(p, w, warp);
   // The warp's k-th page is split page warp + 4k, in stage warp + 4 (k % R), phase (k / R) & 1:
@@ -221,17 +250,17 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
       ids_next = wp.window(warp, kb + 32, lane);
     }
     const int refill = k + R < wp.count ? __shfl_sync(0xffffffffu, ids, k + R - kb) : -1;
-    const PageSource refill_src = page_source<F, D, SM>(p, w.kv_head, max(refill, 0));  // off the refill's path
+    const PageSource refill_src = page_source<SM>(ra, max(refill, 0));  // off the refill's path
     mbar_wait(&full[s], phase);
     uint8_t* stage = ring + static_cast<size_t>(s) * p.stage_bytes;
-    attend_page<F, D, SM, SD>(p, w, a, qf, stage, page_ids[s], warp + kDecodeWarps * k, lane, st);
+    attend_page<F, D, SM, SD>(p, w, ra, a, qf, stage, page_ids[s], warp + kDecodeWarps * k, lane, st);
     // Every lane's reads of the stage (their values are consumed above) before the copy engine
     // overwrites it.
     fence_proxy_async_smem();
     __syncwarp();
     if (lane == 0 && refill >= 0) {
       page_ids[s] = refill;
-      request_page<F, D, SM>(p, refill_src, stage, &full[s]);
+      request_page<SM>(p, ra, refill_src, stage, &full[s]);
     }
     s += kDecodeWarps;
     if (s >= S) s -= S, phase ^= 1u;
@@ -242,8 +271,8 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
 
 // The producer warp: page ids 32 at a time (one per lane), lane 0 requests the pages in order.
 template <Format F, int D, ScaleMode SM>
-__device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full, uint64_t* empty, int* page_ids,
-                        uint8_t* ring, int lane) {
+__device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, uint64_t* full, uint64_t* empty,
+                        int* page_ids, uint8_t* ring, int lane) {
   const int n_pages = w.main_pages;
   const int32_t* table = split_table(p, w);
   const int S = p.ring_stages;
@@ -255,11 +284,11 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full,
       const int page = __shfl_sync(0xffffffffu, mine, j);
       if (lane == 0) {
         // The addresses first: only the copies wait for the stage to be free.
-        const PageSource src = page_source<F, D, SM>(p, w.kv_head, page);
+        const PageSource src = page_source<SM>(ra, page);
         uint8_t* st = ring + static_cast<size_t>(s) * p.stage_bytes;
         if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
         page_ids[s] = page;
-        request_page<F, D, SM>(p, src, st, &full[s]);
+        request_page<SM>(p, ra, src, st, &full[s]);
       }
       if (++s == S) s = 0, ++use;
     }
@@ -267,15 +296,15 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, uint64_t* full,
 }
 
 template <Format F, int D, ScaleMode SM, ScaleDtype SD>
-__device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const PartArgs& a, const uint4* qf,
-                                 uint64_t* full, uint64_t* empty, const int* page_ids, const uint8_t* ring, int warp,
-                                 int lane, State<D>& st) {
+__device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
+                                 const uint4* qf, uint64_t* full, uint64_t* empty, const int* page_ids,
+                                 const uint8_t* ring, int warp, int lane, State<D>& st) {
   const int S = p.ring_stages, n_pages = w.main_pages;
   int s = warp;
   uint32_t phase = 0;
   for (int i = warp; i < n_pages; i += kDecodeWarps) {
     mbar_wait(&full[s], phase);
-    attend_page<F, D, SM, SD>(p, w, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids[s], i, lane, st);
+    attend_page<F, D, SM, SD>(p, w, ra, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids[s], i, lane, st);
     mbar_arrive(&empty[s]);  // every lane: each releases its own reads of the stage
     s += kDecodeWarps;
     if (s >= S) s -= S, phase ^= 1u;
@@ -308,13 +337,14 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   }
   __syncthreads();
   const bool producer = FD == Feed::kProducer && warp == kDecodeWarps;
+  const RingAddr ra = ring_addr<F, D, SM>(p, w.kv_head);
   // The ring fills while the query is prepared and the sink tiles are attended.
-  if constexpr (FD == Feed::kSelf) prime_ring<F, D, SM>(p, w, full, page_ids, ring, warp, lane);
+  if constexpr (FD == Feed::kSelf) prime_ring<F, D, SM>(p, w, ra, full, page_ids, ring, warp, lane);
   const float unscale = prepare_query<F, D>(p, w, sm);
   State<D> st;
   init_state(st);
   if (producer) {
-    if constexpr (FD == Feed::kProducer) produce<F, D, SM>(p, w, full, empty, page_ids, ring, lane);
+    if constexpr (FD == Feed::kProducer) produce<F, D, SM>(p, w, ra, full, empty, page_ids, ring, lane);
   } else {
     run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
     const PartArgs a = main_args<SM>(p, w, unscale);
@@ -324,9 +354,9 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
     auto consume = [&](auto sd) {
       constexpr ScaleDtype SD = decltype(sd)::value;
       if constexpr (FD == Feed::kSelf) {
-        consume_self_fed<F, D, SM, SD>(p, w, a, sm.qf[0], full, page_ids, ring, warp, lane, st);
+        consume_self_fed<F, D, SM, SD>(p, w, ra, a, sm.qf[0], full, page_ids, ring, warp, lane, st);
       } else {
-        consume_produced<F, D, SM, SD>(p, w, a, sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
+        consume_produced<F, D, SM, SD>(p, w, ra, a, sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
       }
     };
     if (half_scales) {

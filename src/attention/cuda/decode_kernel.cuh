@@ -94,14 +94,14 @@ struct Path {
     } else if constexpr (kInt4) {
       const uint32_t x = kw[M >> 1] >> (8 * (M & 1));
       b0 = int4x2_to_half2(x);
-      b1 = int4x2_to_half2(x >> 4);
+      b1 = int4x2_hi_to_half2(x);
     } else if constexpr (F == Format::kInt8) {
       const uint32_t u = kw[M] ^ 0x80808080u;
       b0 = biased_u8x2_to_half2(prmt(u, 0x64646464u, 0x4140));
       b1 = biased_u8x2_to_half2(prmt(u, 0x64646464u, 0x4342));
     } else {  // fp8 (OCP bytes; FNUZ bytes read as OCP)
       b0 = e4m3x2_to_half2(kw[M]);
-      b1 = e4m3x2_to_half2(kw[M] >> 16);
+      b1 = e4m3x2_hi_to_half2(kw[M]);
     }
   }
 
@@ -116,7 +116,7 @@ struct Path {
       const int w = jj >> 2;
       const uint32_t x = prmt(a[w], b[w], (jj & 2) ? 0x7632 : 0x5410) >> (8 * (jj & 1));  // [a_k, ., b_k, .]
       a0 = int4x2_to_half2(x);
-      a1 = int4x2_to_half2(x >> 4);
+      a1 = int4x2_hi_to_half2(x);
     } else {
       const int w = jj >> 1;
       const uint32_t x = prmt(a[w], b[w], (jj & 1) ? 0x7362 : 0x5140);  // [a_d, b_d, a_d+1, b_d+1]
@@ -126,7 +126,7 @@ struct Path {
         a1 = biased_u8x2_to_half2(prmt(u, 0x64646464u, 0x4342));
       } else {
         a0 = e4m3x2_to_half2(x);
-        a1 = e4m3x2_to_half2(x >> 16);
+        a1 = e4m3x2_hi_to_half2(x);
       }
     }
   }
@@ -226,7 +226,7 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
   using P = Path<F>;
   const int t = lane & 3;
   constexpr float kNegInf = -__builtin_huge_valf();
-  bool ok0[N], ok1[N];
+  bool ok0[N], ok1[N], partial[N];
   float s0[N], s1[N], u0[N], u1[N];
 
   // Logits of head g for tokens 2t, 2t+1 of each tile.
@@ -251,13 +251,13 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     const int nvalid = min(kTileTokens, a.n_tokens - (tile + n) * kTileTokens);
-    ok0[n] = 2 * t < nvalid, ok1[n] = 2 * t + 1 < nvalid;
+    ok0[n] = 2 * t < nvalid, ok1[n] = 2 * t + 1 < nvalid, partial[n] = nvalid < kTileTokens;
     float km0 = a.kconst, km1 = a.kconst, lv0 = a.lvconst, lv1 = a.lvconst;
     if constexpr (SM == ScaleMode::kToken) {
       km0 *= pl_in[n].ks0;
       km1 *= pl_in[n].ks1;
-      lv0 = __log2f(pl_in[n].vs0 * a.lvconst);  // kToken parts pass the V factor itself in lvconst
-      lv1 = __log2f(pl_in[n].vs1 * a.lvconst);
+      lv0 = fast_log2(pl_in[n].vs0 * a.lvconst);  // kToken parts pass the V factor itself in lvconst
+      lv1 = fast_log2(pl_in[n].vs1 * a.lvconst);
     }
     s0[n] = ok0[n] ? (c[n][0] + c[n][2]) * km0 : kNegInf;
     s1[n] = ok1[n] ? (c[n][1] + c[n][3]) * km1 : kNegInf;
@@ -304,12 +304,11 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
     // zero probability does not cancel, so their V is zeroed. Integer codes are finite, and their
     // zero weight (u = -inf above) already removes them.
 #pragma unroll
-    for (int i = 0; i < kVW; ++i) {
-      if constexpr (P::kFiniteCodes) {
-        va[n][i] = pl_in[n].va[i], vb[n][i] = pl_in[n].vb[i];
-      } else {
-        va[n][i] = ok0[n] ? pl_in[n].va[i] : 0u;
-        vb[n][i] = ok1[n] ? pl_in[n].vb[i] : 0u;
+    for (int i = 0; i < kVW; ++i) va[n][i] = pl_in[n].va[i], vb[n][i] = pl_in[n].vb[i];
+    if constexpr (!P::kFiniteCodes) {
+      if (partial[n]) {  // warp-uniform: only a part's last tile
+#pragma unroll
+        for (int i = 0; i < kVW; ++i) va[n][i] = ok0[n] ? va[n][i] : 0u, vb[n][i] = ok1[n] ? vb[n][i] : 0u;
       }
     }
   }

@@ -156,6 +156,14 @@ __device__ __forceinline__ uint32_t e4m3x2_to_half2(uint32_t w) {
   return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
 }
 
+// The same for the two fp8 codes in bits 16-31: the conversion reads the upper half-word itself, no
+// shift into the lower half first.
+__device__ __forceinline__ uint32_t e4m3x2_hi_to_half2(uint32_t w) {
+  uint32_t d;
+  asm("{\n\t.reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, %1;\n\tcvt.rn.f16x2.e4m3x2 %0, hi;\n\t}" : "=r"(d) : "r"(w));
+  return d;
+}
+
 // Two int8 codes -> fp16x2, exact: with u = code + 128 (the 0x80 flip), the half with bits
 // 0x6400 | u is 1024 + u, so subtracting 1152 leaves the code.
 __device__ __forceinline__ uint32_t biased_u8x2_to_half2(uint32_t two_bytes_with_magic) {
@@ -176,11 +184,30 @@ __device__ __forceinline__ uint32_t int4x2_to_half2(uint32_t w) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// The same for the nibbles at bits 4-7 and 20-23, without shifting them down first: 0x6400 | 16 u is
+// 1024 + 16 u, and (1024 + 16 u) / 16 - 72 = u - 8 is exact in one HFMA2 (every intermediate is a
+// multiple of 1/16 below 2^11).
+__device__ __forceinline__ uint32_t int4x2_hi_to_half2(uint32_t w) {
+  uint32_t x = (w & 0x00f000f0u) ^ 0x64806480u;
+  const __half2 sixteenth = __halves2half2(__ushort_as_half(0x2c00), __ushort_as_half(0x2c00));  // 1/16
+  const __half2 neg72 = __halves2half2(__ushort_as_half(0xd480), __ushort_as_half(0xd480));      // -72
+  __half2 h = *reinterpret_cast<__half2*>(&x);
+  h = __hfma2(h, sixteenth, neg72);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
 // ---- misc ----------------------------------------------------------------------------------------
 
 // 2^x by the hardware approximation (within 2 ulp, like exp2f), results below 2^-126 flushed to 0:
 // exp2f adds a denormal fix-up of three instructions to each call, and a softmax weight under
 // 2^-126 of the running maximum is far below what the fp32 sums it joins can resolve.
+// log2 with subnormal inputs flushed (-inf): only ever applied to scales, which are normal numbers.
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
