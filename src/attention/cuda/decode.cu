@@ -163,21 +163,16 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     set_spread_sink();
     return p;
   }
-  // Cost model: a CTA's time ~ its tiles plus a fixed overhead; CTAs run in waves of
-  // sm_count * occupancy. Pick the split count with the least waves x (tiles per split + overhead);
-  // a split adds a merge pass, so ties go to fewer splits.
+  // Splits: as many as one wave of CTAs holds (sm_count x occupancy), at least 16 tiles each. The
+  // kernel is memory-bound once a few CTAs share each SM, so a second wave buys no bandwidth and adds
+  // a tail and a larger merge; fewer splits than a wave holds leave SMs without enough bytes in
+  // flight. Measured optimum on every bench shape (docs/GPU_NOTES.md §16: split sweeps 1..32): e.g.
+  // B64 Hq9 Hkv3 D64 L8192 fp8 2 splits 86 us, where the earlier cost model (waves x (tiles + overhead))
+  // chose 8 (3 waves, 94 us).
   const int max_tiles = std::max(1, ceil_div(p.max_tokens, detail::kTileTokens));
-  constexpr int kMinTilesPerSplit = 16, kOverheadTiles = 6, kMaxSplits = 256;
+  constexpr int kMinTilesPerSplit = 16, kMaxSplits = 256;
   const int s_max = std::clamp(max_tiles / kMinTilesPerSplit, 1, kMaxSplits);
-  double best = 1e300;
-  for (int s = 1; s <= s_max; ++s) {
-    const double waves = std::ceil(static_cast<double>(base * s) / wave);
-    const double cost = waves * (ceil_div(max_tiles, s) + kOverheadTiles) + (s > 1 ? 2.0 : 0.0);
-    if (cost < best * 0.98) {
-      best = cost;
-      p.num_splits = s;
-    }
-  }
+  p.num_splits = static_cast<int>(std::clamp<long long>(wave / std::max<long long>(base, 1), 1, s_max));
   set_spread_sink();
   return p;
 }

@@ -58,7 +58,8 @@ KVQ_HD int bulk_stage_bytes(const cache::CacheGeometry& g) {
   return static_cast<int>(cache::align_up(static_cast<size_t>(2 * tile + 2 * bulk_scale_bytes(g)), 128));
 }
 
-template <Format F, int D, ScaleMode SM, ScaleDtype SD>
+// PT: per_token_head scale runs (else per_block_head: one scale per page, at scale_sub of its chunk).
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
 __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in_page, int bs, int scale_sub,
                                                int lane, Payload<F, D>& pl) {
   constexpr int kKW = TileShape<F, D>::kKWords, kVW = TileShape<F, D>::kVWords;
@@ -93,13 +94,24 @@ __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in
     }
   }
   if constexpr (SM == ScaleMode::kToken) {
-    const uint8_t* ks = stage + 2 * bs * kRow;
-    // scale_sub < 0: per-token scales (slot index); else the page's scale inside its 16-byte chunk.
-    // sb: scales in one K run (the V run follows it).
-    const int sb = scale_sub < 0 ? bs : (SD == ScaleDtype::kFp16 ? 8 : 4);
-    const int i0 = scale_sub < 0 ? slot0 + 2 * t : scale_sub, i1 = scale_sub < 0 ? i0 + 1 : scale_sub;
-    pl.ks0 = cache::load_scale<SD>(ks, i0), pl.ks1 = cache::load_scale<SD>(ks, i1);
-    pl.vs0 = cache::load_scale<SD>(ks, sb + i0), pl.vs1 = cache::load_scale<SD>(ks, sb + i1);
+    const uint8_t* ks = stage + 2 * bs * kRow;  // K scale run, then the V run
+    if constexpr (PT) {
+      // Slots slot0 + 2t and + 1: adjacent in the run, one 8-byte (fp32) or 4-byte (fp16) read each.
+      if constexpr (SD == ScaleDtype::kFp16) {
+        const float2 k = __half22float2(*reinterpret_cast<const __half2*>(ks + (slot0 + 2 * t) * 2));
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(ks + (bs + slot0 + 2 * t) * 2));
+        pl.ks0 = k.x, pl.ks1 = k.y, pl.vs0 = v.x, pl.vs1 = v.y;
+      } else {
+        const float2 k = *reinterpret_cast<const float2*>(ks + (slot0 + 2 * t) * 4);
+        const float2 v = *reinterpret_cast<const float2*>(ks + (bs + slot0 + 2 * t) * 4);
+        pl.ks0 = k.x, pl.ks1 = k.y, pl.vs0 = v.x, pl.vs1 = v.y;
+      }
+    } else {
+      // The page's scale at scale_sub of its 16-byte chunk; the V chunk follows the K chunk.
+      constexpr int kChunk = SD == ScaleDtype::kFp16 ? 8 : 4;
+      pl.ks0 = pl.ks1 = cache::load_scale<SD>(ks, scale_sub);
+      pl.vs0 = pl.vs1 = cache::load_scale<SD>(ks, kChunk + scale_sub);
+    }
   }
 }
 
@@ -195,20 +207,20 @@ __device__ __forceinline__ WarpPages warp_pages(const DecodeParams& p, const Cta
 
 // Split page i, in `stage`: its tiles through compute_tiles, two per softmax step. Tiles past the
 // part's end (last page) are masked by compute_tiles; their bytes are in the stage.
-template <Format F, int D, ScaleMode SM, ScaleDtype SD>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
 __device__ __forceinline__ void attend_page(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                             const uint4* qf, const uint8_t* stage, int page_id, int i, int lane,
                                             State<D>& st) {
   const int bs = p.block_size, tpp = bs / kTileTokens;
   int scale_sub = -1;
-  if constexpr (SM == ScaleMode::kToken) scale_sub = detail::scale_sub(ra, page_id);
+  if constexpr (SM == ScaleMode::kToken && !PT) scale_sub = detail::scale_sub(ra, page_id);
   const int tile0 = (w.first_page + i) * tpp;
   constexpr int N = TileShape<F, D>::kRingStepTiles;
   for (int kt = 0; kt < tpp; kt += N) {
     if (tile0 + kt >= w.main_t1) break;
     Payload<F, D> pl[N];
 #pragma unroll
-    for (int n = 0; n < N; ++n) load_tile_smem<F, D, SM, SD>(stage, kt + n, bs, scale_sub, lane, pl[n]);
+    for (int n = 0; n < N; ++n) load_tile_smem<F, D, SM, SD, PT>(stage, kt + n, bs, scale_sub, lane, pl[n]);
     compute_tiles<F, D, SM, N>(pl, qf, a, tile0 + kt, lane, st);
   }
 }
@@ -231,7 +243,7 @@ __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAd
   }
 }
 
-template <Format F, int D, ScaleMode SM, ScaleDtype SD>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
 __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, uint64_t* full, int* page_ids, uint8_t* ring, int warp, int lane,
                                  State<D>& st) {
@@ -253,7 +265,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
     const PageSource refill_src = page_source<SM>(ra, max(refill, 0));  // off the refill's path
     mbar_wait(&full[s], phase);
     uint8_t* stage = ring + static_cast<size_t>(s) * p.stage_bytes;
-    attend_page<F, D, SM, SD>(p, w, ra, a, qf, stage, page_ids[s], warp + kDecodeWarps * k, lane, st);
+    attend_page<F, D, SM, SD, PT>(p, w, ra, a, qf, stage, page_ids[s], warp + kDecodeWarps * k, lane, st);
     // Every lane's reads of the stage (their values are consumed above) before the copy engine
     // overwrites it.
     fence_proxy_async_smem();
@@ -295,7 +307,7 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr&
   }
 }
 
-template <Format F, int D, ScaleMode SM, ScaleDtype SD>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
 __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, uint64_t* full, uint64_t* empty, const int* page_ids,
                                  const uint8_t* ring, int warp, int lane, State<D>& st) {
@@ -304,7 +316,7 @@ __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const 
   uint32_t phase = 0;
   for (int i = warp; i < n_pages; i += kDecodeWarps) {
     mbar_wait(&full[s], phase);
-    attend_page<F, D, SM, SD>(p, w, ra, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids[s], i, lane, st);
+    attend_page<F, D, SM, SD, PT>(p, w, ra, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids[s], i, lane, st);
     mbar_arrive(&empty[s]);  // every lane: each releases its own reads of the stage
     s += kDecodeWarps;
     if (s >= S) s -= S, phase ^= 1u;
@@ -348,21 +360,33 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   } else {
     run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
     const PartArgs a = main_args<SM>(p, w, unscale);
-    // One branch on the scale dtype here instead of one per scale read in the page loop.
-    bool half_scales = false;
-    if constexpr (SM == ScaleMode::kToken) half_scales = p.geom.scale_dtype == ScaleDtype::kFp16;
-    auto consume = [&](auto sd) {
+    // One branch on the scale dtype and layout here instead of one per scale read in the page loop.
+    bool half_scales = false, per_token = true;
+    if constexpr (SM == ScaleMode::kToken) {
+      half_scales = p.geom.scale_dtype == ScaleDtype::kFp16;
+      per_token = p.geom.granularity == ScaleGranularity::kPerTokenHead;
+    }
+    auto consume = [&](auto sd, auto pt) {
       constexpr ScaleDtype SD = decltype(sd)::value;
+      constexpr bool PT = decltype(pt)::value;
       if constexpr (FD == Feed::kSelf) {
-        consume_self_fed<F, D, SM, SD>(p, w, ra, a, sm.qf[0], full, page_ids, ring, warp, lane, st);
+        consume_self_fed<F, D, SM, SD, PT>(p, w, ra, a, sm.qf[0], full, page_ids, ring, warp, lane, st);
       } else {
-        consume_produced<F, D, SM, SD>(p, w, ra, a, sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
+        consume_produced<F, D, SM, SD, PT>(p, w, ra, a, sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
       }
     };
-    if (half_scales) {
-      if constexpr (SM == ScaleMode::kToken) consume(std::integral_constant<ScaleDtype, ScaleDtype::kFp16>{});
+    using Fp16 = std::integral_constant<ScaleDtype, ScaleDtype::kFp16>;
+    using Fp32 = std::integral_constant<ScaleDtype, ScaleDtype::kFp32>;
+    using Runs = std::true_type;
+    using Chunk = std::false_type;
+    if constexpr (SM == ScaleMode::kToken) {
+      if (half_scales) {
+        per_token ? consume(Fp16{}, Runs{}) : consume(Fp16{}, Chunk{});
+      } else {
+        per_token ? consume(Fp32{}, Runs{}) : consume(Fp32{}, Chunk{});
+      }
     } else {
-      consume(std::integral_constant<ScaleDtype, ScaleDtype::kFp32>{});
+      consume(Fp32{}, Runs{});
     }
   }
   merge_and_store<D>(p, w, sm, st, warp, lane);
