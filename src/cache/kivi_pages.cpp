@@ -20,6 +20,24 @@ Status PagedKvCache::check_kivi_twins(const Sequence& s, int pos0, int end) cons
   return Status::ok();
 }
 
+Status PagedKvCache::kivi_pages_made_final(SeqId seq, int pos0, int n,
+                                           std::vector<std::pair<int32_t, int32_t>>& out) const {
+  if (seq_len(seq) < 0) return invalid_argument("int4_kivi: unknown sequence " + std::to_string(seq));
+  const int bs = geom_.block_size, R = recent_tokens(), cap = sink_capacity(seq);
+  const std::vector<int32_t>& blocks = block_table(seq);
+  const std::vector<int32_t>& twins = recent_table(seq);
+  const int first = kivi_final_page_count(pos0 - cap, bs, R);
+  const int end = std::min(kivi_final_page_count(pos0 + n - cap, bs, R), static_cast<int>(blocks.size()));
+  for (int b = first; b < end; ++b) {
+    if (static_cast<size_t>(b) >= twins.size() || twins[static_cast<size_t>(b)] < 0)
+      return invalid_argument("int4_kivi: main page " + std::to_string(b) + " of sequence " + std::to_string(seq) +
+                              " must be quantized from its bf16 twin, which was released; write every layer's "
+                              "tokens before extending the sequence past them");
+    out.emplace_back(blocks[static_cast<size_t>(b)], twins[static_cast<size_t>(b)]);
+  }
+  return Status::ok();
+}
+
 void PagedKvCache::finalize_kivi_pages(Sequence& s, int layer, const std::function<bool(int)>& final_page) {
   const int bs = geom_.block_size;
   int& done = s.kivi_final[static_cast<size_t>(layer)];

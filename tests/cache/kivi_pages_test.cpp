@@ -74,6 +74,7 @@ float stored_input(float x) { return std::isfinite(x) ? format::bf16_to_float(fo
 struct Seq {
   SeqId chunked = -1, single = -1;
   std::vector<float> k, v;  // every token written so far, [len][heads][dim]
+  std::vector<std::pair<int32_t, int32_t>> made;  // kivi_pages_made_final over the writes so far, in order
 };
 
 struct Shape {
@@ -120,6 +121,8 @@ TEST_P(KiviPages, FinalPagesMatchReferenceChunkedOrNot) {
     const std::vector<float> v = random_rows(rng, n, kHeads, kDim, -2.f, 3.f, 0.002);
     for (size_t e = 0; e < k.size(); ++e) k[e] += 6.f * static_cast<float>(e % kDim % 5) - 12.f;
     ASSERT_TRUE(a.extend(s.chunked, n).is_ok());
+    // What a device backend would quantize for this write, asked before it (the twins are alive then).
+    ASSERT_TRUE(a.kivi_pages_made_final(s.chunked, len, n, s.made).is_ok());
     for (int l = 0; l < kLayers; ++l) ASSERT_TRUE(a.write(s.chunked, l, len, k.data(), v.data(), n).is_ok());
     for (int i = 0; i < n; ++i) {
       ASSERT_TRUE(b.extend(s.single, 1).is_ok());
@@ -129,6 +132,12 @@ TEST_P(KiviPages, FinalPagesMatchReferenceChunkedOrNot) {
     s.k.insert(s.k.end(), k.begin(), k.end());
     s.v.insert(s.v.end(), v.begin(), v.end());
     const int cap = a.sink_capacity(s.chunked), main_written = len + n - cap;
+    // The pages reported over all writes are exactly the final ones, in block order, each once.
+    int n_final = 0;
+    for (int blk = 0; main_written > 0 && blk < static_cast<int>(a.block_table(s.chunked).size()); ++blk)
+      n_final += kivi_page_final(blk, bs, main_written, R) ? 1 : 0;
+    ASSERT_EQ(static_cast<int>(s.made.size()), n_final) << "step " << step;
+    for (size_t i = 0; i < s.made.size(); ++i) ASSERT_EQ(s.made[i].first, a.block_table(s.chunked)[i]) << i;
     for (int blk = 0; main_written > 0 && blk < static_cast<int>(a.block_table(s.chunked).size()); ++blk) {
       if (!kivi_page_final(blk, bs, main_written, R)) continue;
       for (int l = 0; l < kLayers; ++l) {
@@ -159,6 +168,18 @@ TEST_P(KiviPages, FinalPagesMatchReferenceChunkedOrNot) {
 INSTANTIATE_TEST_SUITE_P(Shapes, KiviPages,
                          ::testing::Values(Shape{16, 16, 40}, Shape{32, 0, 32}, Shape{16, 5, 16}, Shape{32, 8, 77}));
 
+// The page count a backend's write uses is kivi_page_final's prefix, for every length and window.
+TEST(KiviPagesRules, FinalPageCountIsThePrefixPageFinalMarks) {
+  for (int bs : {16, 32})
+    for (int R : {bs, bs + 5, 77, 128})
+      for (int w = -3; w < 700; ++w) {
+        int prefix = 0;
+        while (kivi_page_final(prefix, bs, w, R)) ++prefix;
+        for (int b = prefix; b < prefix + 3; ++b) ASSERT_FALSE(kivi_page_final(b, bs, w, R));
+        ASSERT_EQ(kivi_final_page_count(w, bs, R), prefix) << "bs " << bs << " R " << R << " written " << w;
+      }
+}
+
 // Extending past a page that a layer has not written in full releases its twin unquantized;
 // writing into it afterwards is refused by name, and so is reading it.
 TEST(KiviPagesRules, WritesBehindTheWindowAreRefused) {
@@ -177,6 +198,12 @@ TEST(KiviPagesRules, WritesBehindTheWindowAreRefused) {
   const Status w = c.write(s, 1, 0, k.data(), v.data(), 16);
   EXPECT_EQ(w.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(w.message().find("recent window"), std::string::npos) << w.message();
+  // A device backend asking which pages that write finalizes gets the same refusal.
+  std::vector<std::pair<int32_t, int32_t>> pages;
+  const Status q = c.kivi_pages_made_final(s, 0, 49, pages);
+  EXPECT_EQ(q.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(q.message().find("released"), std::string::npos) << q.message();
+  EXPECT_EQ(c.kivi_pages_made_final(12345, 0, 1, pages).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(KiviPagesRules, CreateNeedsAWindowOfAPage) {

@@ -175,6 +175,13 @@ KVQ_HD bool uses_recent(int key_pos, int q_pos, int recent_tokens) {
 KVQ_HD bool kivi_page_final(int block, int block_size, int main_written, int recent_tokens) {
   return block * block_size < main_written - recent_tokens;
 }
+// How many leading main pages kivi_page_final says are final once main-part indices
+// [0, main_written) are written (the page count is not capped here). A write that takes main_written
+// from `before` to `after` makes pages [count(before), count(after)) final, each exactly once.
+KVQ_HD int kivi_final_page_count(int main_written, int block_size, int recent_tokens) {
+  const int u = main_written - recent_tokens;
+  return u > 0 ? (u + block_size - 1) / block_size : 0;
+}
 // The first main-part index u (key position sink_len + u) that a query at `q_pos` reads in bf16;
 // main_len when none (the window is off or lies inside the sink).
 KVQ_HD int recent_first_main(int q_pos, int sink_len, int main_len, int recent_tokens) {

@@ -48,6 +48,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "kvq/cache/aligned.h"
@@ -156,6 +157,12 @@ class PagedKvCache {
   // The bf16 twins of block_table(seq), entry by entry (-1: released or no window). Empty without
   // a window.
   const std::vector<int32_t>& recent_table(SeqId seq) const;
+  // int4_kivi: the (main page, bf16 twin) pairs that writing tokens [pos0, pos0 + n) of `seq` makes
+  // final (layout.h's kivi_final_page_count before and after the write), appended to `out` in page
+  // order. What a backend that writes the codes itself quantizes (the host cache does it in write()).
+  // kInvalidArgument when such a page's twin was already released (a layer written after the
+  // sequence moved past it) or for an unknown sequence.
+  Status kivi_pages_made_final(SeqId seq, int pos0, int n, std::vector<std::pair<int32_t, int32_t>>& out) const;
   // Where a cache write puts token `pos` of `seq` (layout.h's position_slot over its tables). The
   // sequence must exist and extend() must have reserved `pos`.
   int32_t slot_of(SeqId seq, int pos) const;

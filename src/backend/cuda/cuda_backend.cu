@@ -440,8 +440,8 @@ class CudaBackend final : public Backend {
     return g.kivi() ? quantize_kivi_pages(a, g, d) : Status::ok();
   }
 
-  // int4_kivi: the pages this write makes final (kivi_page_final for its last query, and not before
-  // it, or rewritten by it) are quantized from their twins, which the write has just completed.
+  // int4_kivi: the pages this write makes final (PagedKvCache::kivi_pages_made_final, the host cache's
+  // rule) are quantized from their twins, which the write has just completed.
   Status quantize_kivi_pages(const CacheWriteArgs& a, const cache::CacheGeometry& g, const kc::DeviceLayer& d) {
     // The page list is host data baked into the launch: a graph would replay this call's list at
     // every later step (and never quantize the pages those steps make final).
@@ -457,23 +457,12 @@ class CudaBackend final : public Backend {
       p.n = 0;
       return launch_status("cuda cache write (int4_kivi pages)");
     };
-    const int bs = g.block_size, R = g.recent_tokens;
-    for (int i = 0; i < a.num_spans; ++i) {
-      const WriteSpan& s = a.spans[i];
-      const int cap = a.book->sink_capacity(s.seq), before = s.pos0 - cap, after = s.pos0 + s.n - cap;
-      const auto& blocks = a.book->block_table(s.seq);
-      const auto& twins = a.book->recent_table(s.seq);
-      // Pages before first were final before this write and end before it (R >= block): skipped.
-      const int first = std::max(0, (before - R) / bs);
-      for (int b = first; b < static_cast<int>(blocks.size()) && cache::kivi_page_final(b, bs, after, R); ++b) {
-        if (cache::kivi_page_final(b, bs, before, R) && (b + 1) * bs <= before) continue;  // final already
-        if (static_cast<size_t>(b) >= twins.size() || twins[static_cast<size_t>(b)] < 0)
-          return invalid_argument("cuda cache write: int4_kivi page " + str(b) + " of sequence " + str(s.seq) +
-                                  " must be quantized from its bf16 twin, which was released; write every layer's "
-                                  "tokens before extending the sequence past them");
-        p.page[p.n] = blocks[static_cast<size_t>(b)], p.twin[p.n] = twins[static_cast<size_t>(b)];
-        if (++p.n == cuda_ops::kKiviPagesPerLaunch) KVQ_RETURN_IF_ERROR(launch());
-      }
+    std::vector<std::pair<int32_t, int32_t>> pages;
+    for (int i = 0; i < a.num_spans; ++i)
+      KVQ_RETURN_IF_ERROR(a.book->kivi_pages_made_final(a.spans[i].seq, a.spans[i].pos0, a.spans[i].n, pages));
+    for (const auto& [page, twin] : pages) {
+      p.page[p.n] = page, p.twin[p.n] = twin;
+      if (++p.n == cuda_ops::kKiviPagesPerLaunch) KVQ_RETURN_IF_ERROR(launch());
     }
     return launch();
   }
