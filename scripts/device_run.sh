@@ -9,7 +9,8 @@
 #   scripts/device_run.sh run              (on the GPU machine) use .device/ if present, else build
 #
 # Environment: OUT (results folder), KVQ_STEPS (default "info tests sanitize bench"; add "ncu" for
-# one Nsight Compute profile), KVQ_BENCH_ARGS (extra `kvq bench decode` arguments).
+# one Nsight Compute profile, "ncusrc" for its per-instruction source page, "ab16" for the 16-bit
+# kernel comparison of GPU_NOTES §16), KVQ_BENCH_ARGS (extra `kvq bench decode` arguments).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-run}"
@@ -130,7 +131,16 @@ if [[ $steps == *configs* ]]; then
   note "configs: rc=$?"
 fi
 
-if [[ $steps == *ncu* ]] && command -v ncu >/dev/null; then
+if [[ $steps == *ncusrc* ]] && command -v ncu >/dev/null; then
+  # Per-instruction counts and stall samples of one decode launch (docs/GPU_NOTES.md §16: instructions
+  # per page = the executed counts of the page loop / pages); the CSV is Nsight Compute's source page.
+  timeout 180 ncu --clock-control none -k regex:decode_bulk_kernel -s 3 -c 1 --section SourceCounters --page source \
+    --print-source sass --csv "$KVQ" bench decode --backend cuda --shapes "${KVQ_NCU_SHAPE:-64,32,8,128,8192}" \
+    --kv-cache-dtype "${KVQ_NCU_FORMAT:-fp8}" --iters 3 >"$OUT/ncu_source.csv" 2>&1
+  note "ncu source: rc=$?"
+fi
+
+if [[ $steps == *ncu* ]] && [[ $steps != *ncusrc* ]] && command -v ncu >/dev/null; then
   timeout 180 ncu --clock-control none --kernel-name regex:"decode_(bulk_)?kernel" --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section SchedulerStats --section WarpStateStats \
     "$KVQ" bench decode --backend cuda --shapes "64,32,8,128,8192" --kv-cache-dtype fp8 --iters 30 ${KVQ_NCU_ARGS:-} >"$OUT/ncu.txt" 2>&1

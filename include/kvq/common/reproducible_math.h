@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kvq/common/bits.h"
 #include "kvq/common/macros.h"
 
 namespace kvq::rp {
@@ -75,16 +76,8 @@ KVQ_HD float round_even(float x) {
 #endif
 }
 
-// The float with these bits.
-KVQ_HD float from_bits(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
+// The float with these bits (common/bits.h).
+KVQ_HD float from_bits(uint32_t u) { return bits_float(u); }
 // 2^n for n in [-126, 127], built from its bits (exact).
 KVQ_HD float pow2i(int n) { return from_bits(static_cast<uint32_t>(n + 127) << 23); }
 

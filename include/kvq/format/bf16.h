@@ -2,29 +2,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kvq/common/bits.h"
 #include "kvq/common/macros.h"
 
 namespace kvq::format {
 
-KVQ_HD uint32_t float_bits(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return u;
-#endif
-}
-
-KVQ_HD float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-#endif
-}
+using kvq::bits_float;  // common/bits.h
+using kvq::float_bits;
 
 // bf16 storage as raw bits; round to nearest even, NaN stays a quiet NaN.
 KVQ_HD uint16_t float_to_bf16(float x) {
