@@ -36,6 +36,11 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
+// Bytes of one ring stage of the bulk kernel: its pages (ring_pages_per_stage) of bulk_stage_bytes each.
+int ring_stage_bytes(const cache::CacheGeometry& g) {
+  return detail::ring_pages_per_stage(format_traits(g.format).bits, g.head_dim, g.block_size) * detail::bulk_stage_bytes(g);
+}
+
 }  // namespace
 
 Status can_implement(const DecodeArgs& a) {
@@ -113,7 +118,7 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     const int max_dyn = static_cast<int>(optin) - static_cast<int>(fa.sharedSizeBytes);
     KVQ_RETURN_IF_ERROR(detail::cuda_status(
         cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dyn), "cuda decode: reserving the ring"));
-    const int stage = detail::bulk_stage_bytes(a.geom);
+    const int stage = ring_stage_bytes(a.geom);
     auto ring_bytes = [&](int s) { return detail::kRingOffset + s * stage; };
     auto occupancy = [&](int s) {
       int n = 0;
@@ -136,10 +141,10 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       // more CTAs per SM, at most 8 pages: int4's 2 KB pages were 4-7% faster at 8 than at the 16 this
       // rule gave them, fp8 at D64 the same at 8, 12 and 16 (§16).
       constexpr int kRingPerSm = 136 << 10;
-      const int base = occupancy(kStep);
-      const int cap = base >= 3 ? 8 : detail::kMaxStages;
-      stages = std::clamp(kRingPerSm / std::max(base, 1) / stage / kStep * kStep, kStep, cap);
-      while (stages > kStep && occupancy(stages) < base) stages -= kStep;
+      const int ctas_per_sm = occupancy(kStep);
+      const int cap = ctas_per_sm >= 3 ? 8 : detail::kMaxStages;
+      stages = std::clamp(kRingPerSm / std::max(ctas_per_sm, 1) / stage / kStep * kStep, kStep, cap);
+      while (stages > kStep && occupancy(stages) < ctas_per_sm) stages -= kStep;
     }
     while (stages > kStep && ring_bytes(stages) > max_dyn) stages -= kStep;
     if (ring_bytes(stages) > max_dyn)
@@ -195,7 +200,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
       a.tables.max_sink_blocks > p.max_sink_blocks || p.num_splits < 1 ||
       (p.producer_warp && !kern.bulk) || p.threads != kern.threads(p.producer_warp) ||
       (kern.bulk && (p.ring_stages < detail::kDecodeWarps || p.ring_stages > detail::kMaxStages ||
-                     p.smem_bytes != detail::kRingOffset + p.ring_stages * detail::bulk_stage_bytes(a.geom))))
+                     p.smem_bytes != detail::kRingOffset + p.ring_stages * ring_stage_bytes(a.geom))))
     return invalid_argument("cuda decode: the plan was made for another batch shape or cache geometry (sequences, heads, table widths, format); call plan() again");
   if (p.num_splits > 1 && (workspace == nullptr || !aligned16(workspace)))
     return invalid_argument("cuda decode: this plan needs a 16-byte aligned workspace of workspace_size() bytes");
@@ -216,7 +221,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   k.softmax_scale = a.softmax_scale;
   k.fnuz_factor = g.format == Format::kFp8E4m3Fnuz ? 0.5f : 1.f;
   k.ring_stages = p.ring_stages;
-  k.stage_bytes = kern.bulk ? detail::bulk_stage_bytes(g) : 0;
+  k.stage_bytes = kern.bulk ? ring_stage_bytes(g) : 0;
   if (p.num_splits > 1) {
     const size_t rows = static_cast<size_t>(a.tables.num_seqs) * a.num_q_heads * p.num_splits;
     k.part_out = static_cast<float*>(workspace);

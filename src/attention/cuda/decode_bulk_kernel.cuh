@@ -125,7 +125,10 @@ struct RingAddr {
   uint32_t code_head;     // this kv head's tile within its page
   uint32_t scale_unit;    // per_token_head: bytes of a page head's scale run; per_block_head: of a scale
   uint32_t scale_bytes;   // 4 (fp32) or 2 (fp16)
+  uint32_t page_slot;     // bytes of one page in a stage (bulk_stage_bytes)
   int nkv, head;
+  int ppu_log;            // log2 of the pages per stage (ring_pages_per_stage: 1 or 2)
+  int tpp_log;            // log2 of the tiles per page (2 or 4)
   bool per_token;         // per_token_head (runs), else per_block_head (the 16-byte chunk of the scale)
 };
 template <Format F, int D, ScaleMode SM>
@@ -136,6 +139,9 @@ __device__ __forceinline__ RingAddr ring_addr(const DecodeParams& p, int kv_head
   r.code_page = r.tile * static_cast<uint32_t>(p.num_kv_heads);
   r.code_head = r.tile * static_cast<uint32_t>(kv_head);
   r.nkv = p.num_kv_heads, r.head = kv_head;
+  r.page_slot = static_cast<uint32_t>(bulk_stage_bytes(p.geom));
+  r.ppu_log = ring_pages_per_stage(Path<F>::kBits, D, p.block_size) == 2 ? 1 : 0;
+  r.tpp_log = p.block_size == 32 ? 2 : 1;
   r.sbytes = 0, r.scale_unit = 0, r.scale_bytes = 4, r.per_token = true;
   if constexpr (SM == ScaleMode::kToken) {
     r.sbytes = static_cast<uint32_t>(bulk_scale_bytes(p.geom));
@@ -168,111 +174,150 @@ __device__ __forceinline__ int scale_sub(const RingAddr& r, int page) {
   return static_cast<int>((((static_cast<size_t>(page) * r.nkv + r.head) * r.scale_bytes) & 15) / r.scale_bytes);
 }
 
-// Lane 0: requests a page (K tile, V tile, then the K and V scale runs) into stage `st`, completing
-// on `bar`.
+// Lane 0: requests page `page` (K tile, V tile, then the K and V scale runs) into the page slot at
+// shared address `slot`, completing on the barrier at `bar` (whose expected bytes the caller set).
 template <ScaleMode SM>
-__device__ __forceinline__ void request_page(const DecodeParams& p, const RingAddr& r, const PageSource& src, uint8_t* st,
-                                             uint64_t* bar) {
-  mbar_arrive_expect_tx(bar, 2 * r.tile + 2 * r.sbytes);
-  bulk_copy_g2s(st, p.k_codes + src.codes, r.tile, bar);
-  bulk_copy_g2s(st + r.tile, p.v_codes + src.codes, r.tile, bar);
+__device__ __forceinline__ void request_page(const DecodeParams& p, const RingAddr& r, int page, uint32_t slot,
+                                             uint32_t bar) {
+  const PageSource src = page_source<SM>(r, page);
+  bulk_copy_g2s(slot, p.k_codes + src.codes, r.tile, bar);
+  bulk_copy_g2s(slot + r.tile, p.v_codes + src.codes, r.tile, bar);
   if constexpr (SM == ScaleMode::kToken) {
-    bulk_copy_g2s(st + 2 * r.tile, static_cast<const uint8_t*>(p.k_scales) + src.scales, r.sbytes, bar);
-    bulk_copy_g2s(st + 2 * r.tile + r.sbytes, static_cast<const uint8_t*>(p.v_scales) + src.scales, r.sbytes, bar);
+    bulk_copy_g2s(slot + 2 * r.tile, static_cast<const uint8_t*>(p.k_scales) + src.scales, r.sbytes, bar);
+    bulk_copy_g2s(slot + 2 * r.tile + r.sbytes, static_cast<const uint8_t*>(p.v_scales) + src.scales, r.sbytes, bar);
   }
 }
+// Lane 0: requests a unit's pages (page1 < 0: the unit has one page) into the stage at `stage`.
+template <ScaleMode SM>
+__device__ __forceinline__ void request_unit(const DecodeParams& p, const RingAddr& r, int page0, int page1,
+                                             uint32_t stage, uint32_t bar) {
+  const uint32_t page_bytes = 2 * r.tile + 2 * r.sbytes;
+  mbar_arrive_expect_tx(bar, page1 >= 0 ? 2 * page_bytes : page_bytes);
+  request_page<SM>(p, r, page0, stage, bar);
+  if (page1 >= 0) request_page<SM>(p, r, page1, stage + r.page_slot, bar);
+}
 
-// This warp's pages of the split: i = warp + kDecodeWarps * k, k < count. table: the split's
-// first page in the sequence's block table.
-struct WarpPages {
-  const int32_t* table;
-  int count;
-  __device__ int page(int warp, int k) const { return __ldg(table + warp + kDecodeWarps * k); }
-  // Lane j's entry of the window of 32 pages from k0 (0 past the end): one coalesced load per 32.
-  __device__ int window(int warp, int k0, int lane) const { return k0 + lane < count ? page(warp, k0 + lane) : 0; }
+// Units: a ring stage holds 2^ppu_log consecutive pages of the split (ring_pages_per_stage), one
+// softmax step's tiles. The split's units u = 0, 1, ... are dealt to the attending warps round robin;
+// this warp's are u = warp + kDecodeWarps * k, k < count. Their page ids come 32 at a time, one per
+// lane: lane l holds page (l & (ppu - 1)) of the window's unit l >> ppu_log, -1 past the split's end.
+struct WarpUnits {
+  const int32_t* table;  // the split's first page in the sequence's block table
+  int n_pages, count, ppu_log;
+  __device__ int window(int warp, int k0, int lane) const {
+    const int k = k0 + (lane >> ppu_log);
+    const int i = ((warp + kDecodeWarps * k) << ppu_log) + (lane & ((1 << ppu_log) - 1));
+    return k < count && i < n_pages ? __ldg(table + i) : -1;
+  }
+  // Window entry of page j of the window's unit k (a lane index).
+  __device__ static int entry(int k, int j, int ppu_log) { return (k << ppu_log) + j; }
 };
 
 // The split's first page in the sequence's block table.
 __device__ __forceinline__ const int32_t* split_table(const DecodeParams& p, const CtaWork& w) {
   return p.block_tables + static_cast<size_t>(w.seq) * p.max_blocks + w.first_page;
 }
-
-__device__ __forceinline__ WarpPages warp_pages(const DecodeParams& p, const CtaWork& w, int warp) {
-  const int n_pages = w.main_pages;
-  WarpPages wp;
-  wp.table = split_table(p, w);
-  wp.count = warp < n_pages ? (n_pages - 1 - warp) / kDecodeWarps + 1 : 0;
-  return wp;
+__device__ __forceinline__ int split_units(const CtaWork& w, const RingAddr& ra) {
+  return (w.main_pages + (1 << ra.ppu_log) - 1) >> ra.ppu_log;
 }
 
-// Split page i, in `stage`: its tiles through compute_tiles, two per softmax step. Tiles past the
-// part's end (last page) are masked by compute_tiles; their bytes are in the stage.
+__device__ __forceinline__ WarpUnits warp_units(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, int warp) {
+  const int n_units = split_units(w, ra);
+  WarpUnits wu;
+  wu.table = split_table(p, w);
+  wu.n_pages = w.main_pages;
+  wu.ppu_log = ra.ppu_log;
+  wu.count = warp < n_units ? (n_units - 1 - warp) / kDecodeWarps + 1 : 0;
+  return wu;
+}
+
+// Split unit u, in `stage` (page ids in ids[0..1], read for per-block scales only): its tiles through
+// compute_tiles, kRingStepTiles per softmax step. a.n_tokens is the split's end in tokens: a unit
+// that ends before it (all but the part's or split's last) takes the unmasked step; in the last, tiles
+// past the end are masked (a second page past the split's end was not requested: its slot holds
+// whatever it held, which the mask removes, V zeroed for floating-point codes).
 template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
-__device__ __forceinline__ void attend_page(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
-                                            const uint4* qf, const uint8_t* stage, int page_id, int i, int lane,
+__device__ __forceinline__ void attend_unit(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
+                                            const uint4* qf, const uint8_t* stage, const int* ids, int u, int lane,
                                             State<D>& st) {
-  const int bs = p.block_size, tpp = bs / kTileTokens;
-  int scale_sub = -1;
-  if constexpr (SM == ScaleMode::kToken && !PT) scale_sub = detail::scale_sub(ra, page_id);
-  const int tile0 = (w.first_page + i) * tpp;
   constexpr int N = TileShape<F, D>::kRingStepTiles;
-  for (int kt = 0; kt < tpp; kt += N) {
-    if (tile0 + kt >= w.main_t1) break;
-    Payload<F, D> pl[N];
+  const int bs = p.block_size, unit_tiles = 1 << (ra.tpp_log + ra.ppu_log);
+  const int tile0 = (w.first_page + (u << ra.ppu_log)) << ra.tpp_log;
+  auto steps = [&](auto masked) {
+    constexpr bool kMask = decltype(masked)::value;
+    for (int kt = 0; kt < unit_tiles; kt += N) {
+      if (kMask && (tile0 + kt) * kTileTokens >= a.n_tokens) break;
+      Payload<F, D> pl[N];
 #pragma unroll
-    for (int n = 0; n < N; ++n) load_tile_smem<F, D, SM, SD, PT>(stage, kt + n, bs, scale_sub, lane, pl[n]);
-    compute_tiles<F, D, SM, N>(pl, qf, a, tile0 + kt, lane, st);
+      for (int n = 0; n < N; ++n) {
+        const int j = kt + n, pj = j >> ra.tpp_log;
+        int sub = -1;
+        if constexpr (SM == ScaleMode::kToken && !PT) sub = detail::scale_sub(ra, ids[pj]);
+        load_tile_smem<F, D, SM, SD, PT>(stage + pj * ra.page_slot, j & ((1 << ra.tpp_log) - 1), bs, sub, lane, pl[n]);
+      }
+      compute_tiles<F, D, SM, N, kMask>(pl, qf, a, tile0 + kt, lane, st);
+    }
+  };
+  if ((tile0 + unit_tiles) * kTileTokens <= a.n_tokens) {
+    steps(std::false_type{});
+  } else {
+    steps(std::true_type{});
   }
 }
 
 // ---- Feed::kSelf ----------------------------------------------------------------------------------
 
-// The warp's first S / kDecodeWarps pages, requested by lane 0 (before the sink, which they overlap).
+// The warp's first S / kDecodeWarps units, requested by lane 0 (before the sink, which they overlap).
 template <Format F, int D, ScaleMode SM>
-__device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, uint64_t* full, int* page_ids,
-                           uint8_t* ring, int warp, int lane) {
-  const WarpPages wp = warp_pages(p, w, warp);
+__device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, uint32_t full, int* page_ids,
+                           uint32_t ring, int warp, int lane) {
+  const WarpUnits wu = warp_units(p, w, ra, warp);
   const int R = p.ring_stages / kDecodeWarps;
-  const int ids = wp.window(warp, 0, lane);  // R <= 4 entries in one load, not R loads in a row
-  for (int k = 0; k < R && k < wp.count; ++k) {
-    const int s = warp + kDecodeWarps * k, page = __shfl_sync(0xffffffffu, ids, k);
+  const int ids = wu.window(warp, 0, lane);  // R <= 4 units in one load, not R loads in a row
+  for (int k = 0; k < R && k < wu.count; ++k) {
+    const int s = warp + kDecodeWarps * k;
+    const int page0 = __shfl_sync(0xffffffffu, ids, WarpUnits::entry(k, 0, ra.ppu_log));
+    const int page1 = ra.ppu_log ? __shfl_sync(0xffffffffu, ids, WarpUnits::entry(k, 1, ra.ppu_log)) : -1;
     if (lane == 0) {
-      page_ids[s] = page;
-      request_page<SM>(p, ra, page_source<SM>(ra, page), ring + static_cast<size_t>(s) * p.stage_bytes, &full[s]);
+      page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
+      request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
     }
   }
 }
 
 template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
 __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
-                                 const uint4* qf, uint64_t* full, int* page_ids, uint8_t* ring, int warp, int lane,
+                                 const uint4* qf, uint32_t full, int* page_ids, uint8_t* ring, int warp, int lane,
                                  State<D>& st) {
   const int S = p.ring_stages, R = S / kDecodeWarps;
-  const WarpPages wp = warp_pages(p, w, warp);
-  // The warp's k-th page is split page warp + 4k, in stage warp + 4 (k % R), phase (k / R) & 1:
+  const WarpUnits wu = warp_units(p, w, ra, warp);
+  const uint32_t ring_s = smem_u32(ring);
+  const int per = 32 >> ra.ppu_log;  // units per window
+  // The warp's k-th unit is split unit warp + 4k, in stage warp + 4 (k % R), phase (k / R) & 1:
   // stepped, never divided (a division by the run-time S sat on the path from page to page).
   int s = warp;
   uint32_t phase = 0;
-  // Table entries of the refills k + R, 32 at a time and one window ahead: a table load on the path
-  // from a stage's release to its refill would add a memory latency per page.
-  int kb = R, ids = wp.window(warp, kb, lane), ids_next = wp.window(warp, kb + 32, lane);
-  for (int k = 0; k < wp.count; ++k) {
-    if (k + R == kb + 32) {
-      kb += 32, ids = ids_next;
-      ids_next = wp.window(warp, kb + 32, lane);
+  // Table entries of the refills k + R, a window at a time and one window ahead: a table load on the
+  // path from a stage's release to its refill would add a memory latency per unit.
+  int kb = R, ids = wu.window(warp, kb, lane), ids_next = wu.window(warp, kb + per, lane);
+  for (int k = 0; k < wu.count; ++k) {
+    if (k + R == kb + per) {
+      kb += per, ids = ids_next;
+      ids_next = wu.window(warp, kb + per, lane);
     }
-    const int refill = k + R < wp.count ? __shfl_sync(0xffffffffu, ids, k + R - kb) : -1;
-    const PageSource refill_src = page_source<SM>(ra, max(refill, 0));  // off the refill's path
-    mbar_wait(&full[s], phase);
-    uint8_t* stage = ring + static_cast<size_t>(s) * p.stage_bytes;
-    attend_page<F, D, SM, SD, PT>(p, w, ra, a, qf, stage, page_ids[s], warp + kDecodeWarps * k, lane, st);
+    const bool refill = k + R < wu.count;
+    const int page0 = __shfl_sync(0xffffffffu, ids, WarpUnits::entry(k + R - kb, 0, ra.ppu_log));
+    const int page1 = ra.ppu_log ? __shfl_sync(0xffffffffu, ids, WarpUnits::entry(k + R - kb, 1, ra.ppu_log)) : -1;
+    mbar_wait(full + 8 * s, phase);
+    const uint32_t stage_off = static_cast<uint32_t>(s) * p.stage_bytes;
+    attend_unit<F, D, SM, SD, PT>(p, w, ra, a, qf, ring + stage_off, page_ids + 2 * s, warp + kDecodeWarps * k, lane, st);
     // Every lane's reads of the stage (their values are consumed above) before the copy engine
     // overwrites it.
     fence_proxy_async_smem();
     __syncwarp();
-    if (lane == 0 && refill >= 0) {
-      page_ids[s] = refill;
-      request_page<SM>(p, ra, refill_src, stage, &full[s]);
+    if (lane == 0 && refill) {
+      if constexpr (SM == ScaleMode::kToken && !PT) page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
+      request_unit<SM>(p, ra, page0, page1, ring_s + stage_off, full + 8 * s);
     }
     s += kDecodeWarps;
     if (s >= S) s -= S, phase ^= 1u;
@@ -281,26 +326,24 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
 
 // ---- Feed::kProducer ------------------------------------------------------------------------------
 
-// The producer warp: page ids 32 at a time (one per lane), lane 0 requests the pages in order.
+// The producer warp: page ids 32 at a time (one per lane), lane 0 requests the units in order.
 template <Format F, int D, ScaleMode SM>
-__device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, uint64_t* full, uint64_t* empty,
-                        int* page_ids, uint8_t* ring, int lane) {
-  const int n_pages = w.main_pages;
+__device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, uint32_t full, uint32_t empty,
+                        int* page_ids, uint32_t ring, int lane) {
+  const int n_pages = w.main_pages, ppu = 1 << ra.ppu_log;
   const int32_t* table = split_table(p, w);
   const int S = p.ring_stages;
-  int s = 0, use = 0;  // page i: stage i % S, use i / S, stepped
+  int s = 0, use = 0;  // unit i: stage i % S, use i / S, stepped
   for (int base = 0; base < n_pages; base += 32) {
-    const int mine = base + lane < n_pages ? __ldg(table + base + lane) : 0;
+    const int mine = base + lane < n_pages ? __ldg(table + base + lane) : -1;
     const int n = min(32, n_pages - base);
-    for (int j = 0; j < n; ++j) {
-      const int page = __shfl_sync(0xffffffffu, mine, j);
+    for (int j = 0; j < n; j += ppu) {  // 32 is a whole number of units
+      const int page0 = __shfl_sync(0xffffffffu, mine, j);
+      const int page1 = ppu == 2 ? __shfl_sync(0xffffffffu, mine, j + 1) : -1;
       if (lane == 0) {
-        // The addresses first: only the copies wait for the stage to be free.
-        const PageSource src = page_source<SM>(ra, page);
-        uint8_t* st = ring + static_cast<size_t>(s) * p.stage_bytes;
-        if (use > 0) mbar_wait(&empty[s], (use - 1) & 1);
-        page_ids[s] = page;
-        request_page<SM>(p, ra, src, st, &full[s]);
+        if (use > 0) mbar_wait(empty + 8 * s, (use - 1) & 1);
+        page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
+        request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
       }
       if (++s == S) s = 0, ++use;
     }
@@ -309,15 +352,16 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr&
 
 template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
 __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
-                                 const uint4* qf, uint64_t* full, uint64_t* empty, const int* page_ids,
+                                 const uint4* qf, uint32_t full, uint32_t empty, const int* page_ids,
                                  const uint8_t* ring, int warp, int lane, State<D>& st) {
-  const int S = p.ring_stages, n_pages = w.main_pages;
+  const int S = p.ring_stages, n_units = split_units(w, ra);
   int s = warp;
   uint32_t phase = 0;
-  for (int i = warp; i < n_pages; i += kDecodeWarps) {
-    mbar_wait(&full[s], phase);
-    attend_page<F, D, SM, SD, PT>(p, w, ra, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids[s], i, lane, st);
-    mbar_arrive(&empty[s]);  // every lane: each releases its own reads of the stage
+  for (int u = warp; u < n_units; u += kDecodeWarps) {
+    mbar_wait(full + 8 * s, phase);
+    attend_unit<F, D, SM, SD, PT>(p, w, ra, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids + 2 * s, u,
+                                  lane, st);
+    mbar_arrive(empty + 8 * s);  // every lane: each releases its own reads of the stage
     s += kDecodeWarps;
     if (s >= S) s -= S, phase ^= 1u;
   }
@@ -331,8 +375,10 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   extern __shared__ __align__(128) uint8_t dyn[];
   uint64_t* full = reinterpret_cast<uint64_t*>(dyn);
   uint64_t* empty = full + kMaxStages;
-  int* page_ids = reinterpret_cast<int*>(empty + kMaxStages);
+  int* page_ids = reinterpret_cast<int*>(empty + kMaxStages);  // two per stage
   uint8_t* ring = dyn + kRingOffset;
+  // Shared-window addresses of the barriers and the ring, converted once (the page loop passes them on).
+  const uint32_t full_s = smem_u32(full), empty_s = smem_u32(empty), ring_s = smem_u32(ring);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const CtaWork w = cta_work(p, p.block_size / kTileTokens);
@@ -351,15 +397,16 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   const bool producer = FD == Feed::kProducer && warp == kDecodeWarps;
   const RingAddr ra = ring_addr<F, D, SM>(p, w.kv_head);
   // The ring fills while the query is prepared and the sink tiles are attended.
-  if constexpr (FD == Feed::kSelf) prime_ring<F, D, SM>(p, w, ra, full, page_ids, ring, warp, lane);
+  if constexpr (FD == Feed::kSelf) prime_ring<F, D, SM>(p, w, ra, full_s, page_ids, ring_s, warp, lane);
   const float unscale = prepare_query<F, D>(p, w, sm);
   State<D> st;
   init_state(st);
   if (producer) {
-    if constexpr (FD == Feed::kProducer) produce<F, D, SM>(p, w, ra, full, empty, page_ids, ring, lane);
+    if constexpr (FD == Feed::kProducer) produce<F, D, SM>(p, w, ra, full_s, empty_s, page_ids, ring_s, lane);
   } else {
     run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
-    const PartArgs a = main_args<SM>(p, w, unscale);
+    PartArgs a = main_args<SM>(p, w, unscale);
+    a.n_tokens = min(a.n_tokens, w.main_t1 * kTileTokens);  // the split's end (attend_unit)
     // One branch on the scale dtype and layout here instead of one per scale read in the page loop.
     bool half_scales = false, per_token = true;
     if constexpr (SM == ScaleMode::kToken) {
@@ -370,9 +417,9 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
       constexpr ScaleDtype SD = decltype(sd)::value;
       constexpr bool PT = decltype(pt)::value;
       if constexpr (FD == Feed::kSelf) {
-        consume_self_fed<F, D, SM, SD, PT>(p, w, ra, a, sm.qf[0], full, page_ids, ring, warp, lane, st);
+        consume_self_fed<F, D, SM, SD, PT>(p, w, ra, a, sm.qf[0], full_s, page_ids, ring, warp, lane, st);
       } else {
-        consume_produced<F, D, SM, SD, PT>(p, w, ra, a, sm.qf[0], full, empty, page_ids, ring, warp, lane, st);
+        consume_produced<F, D, SM, SD, PT>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st);
       }
     };
     using Fp16 = std::integral_constant<ScaleDtype, ScaleDtype::kFp16>;

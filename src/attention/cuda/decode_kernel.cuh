@@ -132,6 +132,17 @@ struct Path {
   }
 };
 
+// Tiles per online-softmax step in the bulk kernel. The step's fixed work (maxima, shuffles, the
+// rescale, the loop and the ring's wait and refill) is paid once per step, so a step takes as many
+// tiles as the registers allow: four when a tile is at most 12 words of payload per lane (8-bit codes
+// at head dim 64, int4 at 64 and 128: D x bits <= 512), one for 16-bit tiles at D >= 128 (36 words),
+// else two. Pairs of tiles are one k = 16 PV contraction.
+KVQ_HD constexpr int ring_step_tiles(int bits, int D) { return bits == 16 && D >= 128 ? 1 : D * bits <= 512 ? 4 : 2; }
+// Pages per ring stage: enough for one softmax step (two 16-token pages when a step is four tiles).
+KVQ_HD constexpr int ring_pages_per_stage(int bits, int D, int block_size) {
+  return ring_step_tiles(bits, D) * kTileTokens > block_size ? ring_step_tiles(bits, D) * kTileTokens / block_size : 1;
+}
+
 template <Format F, int D>
 struct TileShape {
   static constexpr int kKWords = D * Path<F>::kBits / 128;  // lane's share of one K row
@@ -139,9 +150,7 @@ struct TileShape {
   static constexpr int kWordsPerTile = kKWords + 2 * kVWords + 4;
   static constexpr int kNT = kWordsPerTile <= 12 ? 4 : kWordsPerTile <= 24 ? 2 : 1;
   static constexpr bool kPrefetch = kWordsPerTile * kNT <= 48;
-  // Tiles per softmax step in the bulk kernel: two (one k = 16 PV contraction per pair), except for
-  // 16-bit tiles at D >= 128, whose one tile is already 36 words of payload per lane.
-  static constexpr int kRingStepTiles = Path<F>::kBits == 16 && D >= 128 ? 1 : 2;
+  static constexpr int kRingStepTiles = ring_step_tiles(Path<F>::kBits, D);
 };
 
 template <Format F, int D>
@@ -220,7 +229,9 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const PartArgs&
 // N consecutive tiles (tile, tile + 1, ...) in one online-softmax step: their QK chains are
 // independent (the query fragment is loaded once for all), and the max, rescale and shuffle work is
 // paid once per step instead of once per tile. Tiles past the part's end are masked.
-template <Format F, int D, ScaleMode SM, int N>
+// kMask = false: the caller guarantees every token of the N tiles is valid (the bulk kernel's
+// whole units), so the validity tests and the V zeroing drop out.
+template <Format F, int D, ScaleMode SM, int N, bool kMask = true>
 __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const uint4* qf, const PartArgs& a, int tile,
                                               int lane, State<D>& st) {
   using P = Path<F>;
@@ -250,8 +261,12 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
   float smax = kNegInf, umax = kNegInf;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
-    const int nvalid = min(kTileTokens, a.n_tokens - (tile + n) * kTileTokens);
-    ok0[n] = 2 * t < nvalid, ok1[n] = 2 * t + 1 < nvalid, partial[n] = nvalid < kTileTokens;
+    if constexpr (kMask) {
+      const int nvalid = min(kTileTokens, a.n_tokens - (tile + n) * kTileTokens);
+      ok0[n] = 2 * t < nvalid, ok1[n] = 2 * t + 1 < nvalid, partial[n] = nvalid < kTileTokens;
+    } else {
+      ok0[n] = ok1[n] = true, partial[n] = false;
+    }
     float km0 = a.kconst, km1 = a.kconst, lv0 = a.lvconst, lv1 = a.lvconst;
     if constexpr (SM == ScaleMode::kToken) {
       km0 *= pl_in[n].ks0;
@@ -305,28 +320,31 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
     // zero weight (u = -inf above) already removes them.
 #pragma unroll
     for (int i = 0; i < kVW; ++i) va[n][i] = pl_in[n].va[i], vb[n][i] = pl_in[n].vb[i];
-    if constexpr (!P::kFiniteCodes) {
+    if constexpr (!P::kFiniteCodes && kMask) {
       if (partial[n]) {  // warp-uniform: only a part's last tile
 #pragma unroll
         for (int i = 0; i < kVW; ++i) va[n][i] = ok0[n] ? va[n][i] : 0u, vb[n][i] = ok1[n] ? vb[n][i] : 0u;
       }
     }
   }
-  if constexpr (N == 2) {
+  if constexpr (N % 2 == 0) {
     // Two tiles are one k = 16 contraction: the m16n8k16 A fragment is the two m16n8k8 A fragments
     // side by side (tokens 0-7, then 8-15) and its B fragment the two tiles' probabilities, so a
     // pair costs half the PV mma instructions.
 #pragma unroll
-    for (int jj = 0; jj < D / 16; ++jj) {
-      uint4 a;
-      P::v_frag(va[0], vb[0], jj, a.x, a.y);
-      P::v_frag(va[1], vb[1], jj, a.z, a.w);
-      if constexpr (P::kBf16Mma) {
-        mma_m16n8k16_bf16(st.o[jj], a, p_hi[0], p_hi[1]);
-        mma_m16n8k16_bf16(st.o[jj], a, p_lo[0], p_lo[1]);
-      } else {
-        mma_m16n8k16_f16(st.o[jj], a, p_hi[0], p_hi[1]);
-        mma_m16n8k16_f16(st.o[jj], a, p_lo[0], p_lo[1]);
+    for (int n = 0; n < N; n += 2) {
+#pragma unroll
+      for (int jj = 0; jj < D / 16; ++jj) {
+        uint4 a;
+        P::v_frag(va[n], vb[n], jj, a.x, a.y);
+        P::v_frag(va[n + 1], vb[n + 1], jj, a.z, a.w);
+        if constexpr (P::kBf16Mma) {
+          mma_m16n8k16_bf16(st.o[jj], a, p_hi[n], p_hi[n + 1]);
+          mma_m16n8k16_bf16(st.o[jj], a, p_lo[n], p_lo[n + 1]);
+        } else {
+          mma_m16n8k16_f16(st.o[jj], a, p_hi[n], p_hi[n + 1]);
+          mma_m16n8k16_f16(st.o[jj], a, p_lo[n], p_lo[n + 1]);
+        }
       }
     }
   } else {
