@@ -29,6 +29,7 @@ struct BenchCliOptions {
   std::string json_path;
   int iters = 50, warmup = 5;
   bool warm_l2 = false;
+  std::string l2_flush = "read";  // read | write (kc::L2Flush)
   // decode
   CacheCliOptions decode_cache;  // add_cache_options sets each subcommand's defaults
   std::string shapes;  // "B,Hq,Hkv,D,L;..." (default: the nine shapes)
@@ -131,6 +132,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
   timing.iters = std::max(o.iters, 30);
   timing.warmup = std::max(o.warmup, 1);
   timing.cold_l2 = !o.warm_l2;
+  timing.flush = o.l2_flush == "write" ? kc::L2Flush::kWrite : kc::L2Flush::kRead;
   auto copy = kc::measure_copy_bandwidth();
   if (!copy.is_ok()) return fail("copy bandwidth", copy.status());
   std::printf("device: %s, %d SMs, L2 %zu MiB\n", dev->name.c_str(), dev->sm_count, dev->l2_bytes >> 20);
@@ -160,7 +162,8 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     }
     j["gather"] = gathers;
   }
-  j["timing"] = {{"iters", timing.iters}, {"warmup", timing.warmup}, {"cold_l2", timing.cold_l2}, {"graph_replays", true}};
+  j["timing"] = {{"iters", timing.iters}, {"warmup", timing.warmup}, {"cold_l2", timing.cold_l2},
+                 {"l2_flush", timing.cold_l2 ? o.l2_flush : "none"}, {"graph_replays", true}};
 
   if (decode) {
     kc::DecodeBenchOptions d;
@@ -290,6 +293,11 @@ void add_common(CLI::App* c, BenchCliOptions& o) {
   c->add_option("--iters", o.iters, "Timed CUDA-graph replays per case (>= 30)")->capture_default_str();
   c->add_option("--warmup", o.warmup, "Untimed replays first")->capture_default_str();
   c->add_flag("--warm-l2", o.warm_l2, "Do not flush L2 between replays (default: cold L2)");
+  c->add_option("--l2-flush", o.l2_flush,
+                "How cold-L2 replays evict L2: read (stream a 2x-L2 buffer; L2 left clean, as after a weight GEMM) "
+                "or write (memset it; its dirty lines are written back inside the timed kernel)")
+      ->check(CLI::IsMember({"read", "write"}))
+      ->capture_default_str();
 }
 
 const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()> {

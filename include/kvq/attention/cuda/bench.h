@@ -29,10 +29,17 @@ struct DecodeShape {
 // The shapes (Llama-3-8B-like, GQA 2-8, head_dim 64/128/256).
 std::vector<DecodeShape> default_decode_shapes();
 
+// How the cold-L2 replays evict the previous replay's data (docs/GPU_NOTES.md §17). kRead streams a
+// buffer of twice the L2 through it, which leaves the L2 holding clean lines, as a serving step finds
+// it after the GEMMs that read weights; kWrite (cudaMemset of that buffer) leaves ~one L2 of dirty
+// lines whose write-back to DRAM then lands inside the timed kernel.
+enum class L2Flush { kRead, kWrite };
+
 struct BenchTiming {
   int warmup = 5;
   int iters = 50;         // timed graph replays (>= 30)
   bool cold_l2 = true;
+  L2Flush flush = L2Flush::kRead;
 };
 
 struct CopyBandwidth {
