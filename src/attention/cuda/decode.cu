@@ -145,6 +145,12 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       const int cap = ctas_per_sm >= 3 ? 8 : detail::kMaxStages;
       stages = std::clamp(kRingPerSm / std::max(ctas_per_sm, 1) / stage / kStep * kStep, kStep, cap);
       while (stages > kStep && occupancy(stages) < ctas_per_sm) stages -= kStep;
+      // With two or fewer CTAs per SM few warps hide a page's latency, and a ring of one stage per
+      // attending warp leaves that warp nothing in flight while it computes: take two per warp even
+      // where that halves the CTAs per SM (D256 block 32: 2 CTAs x 4 stages 44.5 us, 1 x 8 41.8;
+      // docs/GPU_NOTES.md §17).
+      if (ctas_per_sm <= 2 && stages < 2 * kStep && ring_bytes(2 * kStep) <= max_dyn && occupancy(2 * kStep) >= 1)
+        stages = 2 * kStep;
     }
     while (stages > kStep && ring_bytes(stages) > max_dyn) stages -= kStep;
     if (ring_bytes(stages) > max_dyn)

@@ -24,11 +24,12 @@ using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 // the register kernel at 256, where a 16-bit tile pair (K 32 + V 32 words per lane and tile) does not
 // fit the bulk kernel's register budget (docs/GPU_NOTES.md §9, §11, §13, §16). The register cap
 // (kMinCtas) lets that many CTAs share an SM with their rings: with Feed::kSelf (four warps) D64 and
-// D128 at 4 (<= 128 registers; D128 spills 8-12 bytes), D256 at 2; with Feed::kProducer (five warps)
-// D64 at 4 (96 registers), D128 at 3, D256 at 1.
+// D128 at 4 (<= 128 registers), D256 at 2; with Feed::kProducer (five warps) D64 at 4 (96 registers),
+// D128 at 3, D256 at 2 (<= 204; it takes 166-178 with no spill, and two CTAs per SM were 9-21% faster
+// than one at block 16, docs/GPU_NOTES.md §17).
 template <Format F, int D, ScaleMode SM>
 DecodeKernelFn bulk_instance() {
-  constexpr int kSelfCtas = D == 256 ? 2 : 4, kProducerCtas = D == 64 ? 4 : D == 128 ? 3 : 1;
+  constexpr int kSelfCtas = D == 256 ? 2 : 4, kProducerCtas = D == 64 ? 4 : D == 128 ? 3 : 2;
   return {decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf>, decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer>,
           true};
 }
