@@ -13,12 +13,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
-rm -rf /tmp/kvq-bin && mkdir -p /tmp/kvq-bin/bin /tmp/kvq-bin/lib
-for f in .device/bin/*.gz; do gunzip -c "$f" >"/tmp/kvq-bin/bin/$(basename "$f" .gz)"; done
-for f in .device/lib/*.gz; do [[ -e $f ]] && gunzip -c "$f" >"/tmp/kvq-bin/lib/$(basename "$f" .gz)"; done
-gunzip -c .devbase/kvq_base.gz >/tmp/kvq-bin/bin/kvq_base
-chmod +x /tmp/kvq-bin/bin/*
-export LD_LIBRARY_PATH=/tmp/kvq-bin/lib
+source scripts/device_unpack.sh
+kvq_unpack_device || { echo "no .device/ carried (scripts/device_engine.sh pack BUILD_DIR)" >&2; exit 2; }
+gunzip -c .devbase/kvq_base.gz >/tmp/kvq-bin/bin/kvq_base && chmod +x /tmp/kvq-bin/bin/kvq_base
 B=/tmp/kvq-bin/bin
 if [[ ${AB_TESTS:-1} == 1 ]]; then
   for t in test_attention_cuda test_backend; do

@@ -42,12 +42,8 @@ note() { echo "$*" | tee -a "$summary"; }
 
 # Binaries: unpacked from a carried .device/, or (a later call on the same warm machine, whose carry
 # left .device/ out to make room for data) the ones an earlier call unpacked.
-if [[ -d .device/bin ]]; then
-  rm -rf /tmp/kvq-bin && mkdir -p /tmp/kvq-bin/bin /tmp/kvq-bin/lib
-  for f in .device/bin/*.gz; do gunzip -c "$f" >"/tmp/kvq-bin/bin/$(basename "$f" .gz)"; done
-  for f in .device/lib/*.gz; do [[ -e $f ]] && gunzip -c "$f" >"/tmp/kvq-bin/lib/$(basename "$f" .gz)"; done
-  chmod +x /tmp/kvq-bin/bin/*
-elif [[ ! -d /tmp/kvq-bin/bin ]]; then
+source scripts/device_unpack.sh
+if ! kvq_unpack_device && [[ ! -d /tmp/kvq-bin/bin ]]; then
   echo "no .device/ carried and none unpacked on this machine before" >&2; exit 2
 fi
 cudalib=$(dirname "$(find / -name 'libcublas.so.13*' -path '*cuda*' 2>/dev/null | head -1)")
@@ -74,8 +70,15 @@ else
   note "smollm2: not available (pieces missing or checksum mismatch)"; rm -f "$smol"
 fi
 text="$MODELS_DIR/pydoc_topics.txt"
+# The eval text is CPython's pydoc topics (what `kvq eval` reads by default); made here when not carried,
+# so the SmolLM2 tests and evals never run on a missing file.
+if [[ ! -s $text ]]; then
+  text=/tmp/kvq-pydoc_topics.txt
+  python3 -c "import pydoc_data.topics as t, sys; sys.stdout.write('\n\n'.join(t.topics[k].rstrip() for k in sorted(t.topics)) + '\n')" >"$text" 2>/dev/null ||
+    note "eval text: $MODELS_DIR/pydoc_topics.txt not carried and python3 has no pydoc_data; SmolLM2 tests will fail on it"
+fi
 
-export KVQ_EVAL_TEXT="$MODELS_DIR/pydoc_topics.txt"  # SmolLM2 tests of test_backend
+export KVQ_EVAL_TEXT="$text"  # SmolLM2 tests of test_backend
 if [[ $steps == *tests* ]]; then
   for t in test_backend test_attention_cuda; do
     [[ -x $B/$t ]] || continue

@@ -37,12 +37,8 @@ summary="$OUT/summary.txt"
 : >"$summary"
 note() { echo "$*" | tee -a "$summary"; }
 
-if [[ -d .device/bin ]]; then
-  rm -rf /tmp/kvq-bin && mkdir -p /tmp/kvq-bin/bin /tmp/kvq-bin/lib
-  for f in .device/bin/*.gz; do gunzip -c "$f" >"/tmp/kvq-bin/bin/$(basename "$f" .gz)"; done
-  for f in .device/lib/*.gz; do [[ -e $f ]] && gunzip -c "$f" >"/tmp/kvq-bin/lib/$(basename "$f" .gz)"; done
-  chmod +x /tmp/kvq-bin/bin/*
-  export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}"
+source scripts/device_unpack.sh
+if kvq_unpack_device; then
   KVQ=/tmp/kvq-bin/bin/kvq
   TESTS=(/tmp/kvq-bin/bin/test_attention_cuda /tmp/kvq-bin/bin/test_format_cuda /tmp/kvq-bin/bin/test_backend)
   note "binaries: prebuilt (.device/)"

@@ -364,14 +364,23 @@ class CudaEngineSmolLM2 : public ::testing::Test {
     return e.is_ok() ? std::move(e).value() : nullptr;
   }
   // The first `n` tokens of the eval text named by KVQ_EVAL_TEXT (the device scripts set it); false
-  // when it is not set, so the test can skip.
+  // when it is not set, so the test can skip. A named text that cannot be read or is too short is a
+  // failure (not a perplexity over padding).
   bool eval_tokens(size_t n, std::vector<int32_t>* ids) {
     const char* text_path = std::getenv("KVQ_EVAL_TEXT");
     if (text_path == nullptr) return false;
     std::ifstream f(text_path, std::ios::binary);
+    if (!f) {
+      ADD_FAILURE() << "KVQ_EVAL_TEXT names " << text_path << ", which cannot be read; point it at the eval text "
+                    << "(e.g. CPython's pydoc topics, what `kvq eval` reads by default) or unset it to skip";
+      return false;
+    }
     const std::string text{std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
     *ids = model_->tokenizer().encode(text, false);
-    EXPECT_GE(ids->size(), n) << text_path;
+    if (ids->size() < n) {
+      ADD_FAILURE() << text_path << " has " << ids->size() << " tokens; these tests need " << n;
+      return false;
+    }
     ids->resize(n);
     return true;
   }

@@ -8,6 +8,7 @@
 // earlier may still point into it. Inside a capture nothing may grow (the engine runs each step
 // shape eagerly once before capturing it, which sizes everything).
 #include "cuda_backend.h"
+#include "cuda_cache_storage.h"
 #include "reproducible.h"
 
 #include <cublas_v2.h>
@@ -70,50 +71,6 @@ Status check_generic_shape(const cache::CacheGeometry& g, const char* op) {
 bool fast_attention(const cache::CacheGeometry& g) {
   return fast_dims(g) && g.recent_tokens == 0 && g.outlier_capacity == 0;
 }
-
-class CudaCacheStorage final : public CacheStorage {
- public:
-  CudaCacheStorage(const cache::CacheGeometry& g, std::vector<kc::DeviceLayer> layers)
-      : geom_(g), layers_(std::move(layers)) {}
-  const cache::CacheGeometry& geometry() const override { return geom_; }
-  cache::LayerView layer(int l) override { return layers_[static_cast<size_t>(l)].view(); }
-  const kc::DeviceLayer& device_layer(int l) const { return layers_[static_cast<size_t>(l)]; }
-  Status download(int l, cache::PagedKvCache::Planes* out) const override {
-    if (l < 0 || l >= geom_.num_layers) return invalid_argument("layer " + str(l) + " out of range");
-    // Ops run on the backend's own stream; wait for all of them before the (default stream) copies.
-    KVQ_RETURN_IF_ERROR(cuda_status(cudaDeviceSynchronize(), "cache download: synchronize"));
-    const kc::DeviceLayer& d = layers_[static_cast<size_t>(l)];
-    out->k_codes.resize(geom_.code_plane_bytes());
-    out->v_codes.resize(geom_.code_plane_bytes());
-    // int4_kivi's K and V parameter planes differ in size: each plane's own geometry.
-    const size_t k_scale_bytes = geom_.plane(0).scale_plane_bytes(), v_scale_bytes = geom_.plane(1).scale_plane_bytes();
-    out->k_scales.resize(k_scale_bytes / sizeof(float));
-    out->v_scales.resize(v_scale_bytes / sizeof(float));
-    out->k_sink.resize(geom_.sink_plane_bytes() / sizeof(uint16_t));
-    out->v_sink.resize(geom_.sink_plane_bytes() / sizeof(uint16_t));
-    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kKCodes, out->k_codes.data(), geom_.code_plane_bytes()));
-    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVCodes, out->v_codes.data(), geom_.code_plane_bytes()));
-    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kKScales, out->k_scales.data(), k_scale_bytes));
-    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVScales, out->v_scales.data(), v_scale_bytes));
-    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kKSink, out->k_sink.data(), geom_.sink_plane_bytes()));
-    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVSink, out->v_sink.data(), geom_.sink_plane_bytes()));
-    out->k_recent.resize(geom_.recent_plane_bytes() / sizeof(uint16_t));
-    out->v_recent.resize(geom_.recent_plane_bytes() / sizeof(uint16_t));
-    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kKRecent, out->k_recent.data(), geom_.recent_plane_bytes()));
-    KVQ_RETURN_IF_ERROR(d.download(kc::Plane::kVRecent, out->v_recent.data(), geom_.recent_plane_bytes()));
-    for (int kv = 0; kv < 2; ++kv) {
-      auto& o = kv == 0 ? out->k_outliers : out->v_outliers;
-      const size_t bytes = geom_.plane(kv).outlier_plane_bytes();
-      o.resize(bytes / sizeof(uint32_t));
-      KVQ_RETURN_IF_ERROR(d.download(kv == 0 ? kc::Plane::kKOutliers : kc::Plane::kVOutliers, o.data(), bytes));
-    }
-    return Status::ok();
-  }
-
- private:
-  cache::CacheGeometry geom_;
-  std::vector<kc::DeviceLayer> layers_;
-};
 
 // Byte offsets of several arrays carved out of one workspace (256-byte aligned each).
 struct Carve {
