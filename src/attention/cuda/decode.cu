@@ -138,8 +138,9 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       // and never so deep that one fewer fits. Measured best depths (docs/GPU_NOTES.md §9, §13): with
       // the producer warp 16 pages of 2 KB (D64) and 8 of 4 KB (D128) at 3 CTAs/SM, 16 of 8 KB (D256) at
       // 1 CTA/SM; self-fed, 8 of 4 KB at 4 CTAs/SM (D128) beat 12 at 3 and 16 at 2. With three or
-      // more CTAs per SM, at most 8 pages: int4's 2 KB pages were 4-7% faster at 8 than at the 16 this
-      // rule gave them, fp8 at D64 the same at 8, 12 and 16 (§16).
+      // more CTAs per SM, at most 8 stages: int4's 2 KB pages were 4-7% faster at 8 than at the 16 this
+      // rule gave them, fp8 at D64 the same at 8, 12 and 16 (§16). Since §17 a stage is one softmax
+      // step's pages (two 2 KB pages at 8-bit D64 and int4 D64/D128), so the rule counts stages.
       constexpr int kRingPerSm = 136 << 10;
       const int ctas_per_sm = occupancy(kStep);
       const int cap = ctas_per_sm >= 3 ? 8 : detail::kMaxStages;

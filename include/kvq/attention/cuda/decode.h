@@ -13,8 +13,8 @@
 // One CTA handles (sequence, kv head, group of <= 8 query heads, KV split): every K/V byte of a
 // kv head is read once for its whole GQA group (groups larger than 8 query heads take several
 // CTAs). 8- and 4-bit caches (fp8, FNUZ, int8, int4): whole page tiles (K, V, scales: each
-// contiguous in the pool) are copied with cp.async.bulk into a ring of `ring_stages` pages in shared
-// memory, and four warps attend them from there; the plan picks who refills the ring (`ring_feed`):
+// contiguous in the pool) are copied with cp.async.bulk into a ring of `ring_stages` stages (each one
+// online-softmax step's pages) in shared memory, and four warps attend them from there; the plan picks who refills the ring (`ring_feed`):
 // the attending warps themselves when the grid has many CTAs, a fifth (producer) warp when it has
 // few, each a long chain of pages. 16-bit caches take the same ring at head_dim 64 and 128 and load
 // per lane into registers at 256 (the register kernel, which the bf16 sink tokens always use).
@@ -51,7 +51,8 @@ struct DecodePlan {
   int max_tokens = 0;       // per sequence, from the table widths the plan was made for
   int max_blocks = 0, max_sink_blocks = 0, num_seqs = 0, num_q_heads = 0;  // what run() checks
   int threads = 0;          // per CTA
-  int ring_stages = 0;      // 8- and 4-bit caches: pages in flight per CTA in the shared-memory ring
+  int ring_stages = 0;      // ring-kernel caches: stages in flight per CTA in the shared-memory ring; a stage is
+                            // one softmax step's pages (two 16-token pages at 8-bit D64 and int4 D64/D128, else one)
   int smem_bytes = 0;       // dynamic shared memory per CTA (the ring and its barriers)
   bool producer_warp = false;  // 8- and 4-bit caches: a fifth warp refills the ring (else the attending warps)
   bool ring_16bit = true;      // bf16/fp16 caches at head_dim 64/128: the bulk-copy kernel (else the register kernel)
@@ -65,7 +66,7 @@ enum class RingFeed : int { kAuto, kSelf, kProducer };
 
 struct DecodeOptions {
   int force_splits = 0;  // > 0: use exactly this many splits (tests, tuning); 0: choose
-  int ring_stages = 0;   // 8- and 4-bit caches, > 0: ring depth in pages (rounded to a multiple of 4, 4..16); 0: choose
+  int ring_stages = 0;   // ring-kernel caches, > 0: ring depth in stages (rounded to a multiple of 4, 4..16); 0: choose
   RingFeed ring_feed = RingFeed::kAuto;
   int spread_sink = -1;  // 1: deal the sink over all splits, 0: the first ones first (tests); -1: choose
   int ring_16bit = -1;   // bf16/fp16 at head_dim 64/128: 1 the bulk-copy ring, 0 the register kernel (tests,
