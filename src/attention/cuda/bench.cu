@@ -82,12 +82,10 @@ Status flush_l2(const BenchTiming& timing, DeviceBuffer& flush, cudaStream_t s) 
     KVQ_CUDA_TRY(cudaMemsetAsync(flush.get(), 0x3c, flush.size() - 16, s), "L2 flush");
     return Status::ok();
   }
-  static const int sms = [] {
-    auto dev = cuda_device_info();
-    return dev.is_ok() ? dev->sm_count : 132;
-  }();
+  static const Result<CudaDeviceInfo> dev = cuda_device_info();
+  if (!dev.is_ok()) return dev.status();
   const size_t n = (flush.size() - 16) / 16;
-  read_kernel<4><<<sms * 8, 256, 0, s>>>(flush.as<uint4>(), n, 1u, reinterpret_cast<uint32_t*>(flush.as<uint4>() + n));
+  read_kernel<4><<<dev->sm_count * 8, 256, 0, s>>>(flush.as<uint4>(), n, 1u, reinterpret_cast<uint32_t*>(flush.as<uint4>() + n));
   return detail::launch_status("L2 flush (read)");
 }
 

@@ -150,7 +150,7 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       // attending warp leaves that warp nothing in flight while it computes: take two per warp even
       // where that halves the CTAs per SM (D256 block 32: 2 CTAs x 4 stages 44.5 us, 1 x 8 41.8;
       // docs/GPU_NOTES.md §17).
-      if (ctas_per_sm <= 2 && stages < 2 * kStep && ring_bytes(2 * kStep) <= max_dyn && occupancy(2 * kStep) >= 1)
+      if (ctas_per_sm <= 2 && stages < 2 * kStep && occupancy(2 * kStep) >= 1)  // 0 when the ring does not fit
         stages = 2 * kStep;
     }
     while (stages > kStep && ring_bytes(stages) > max_dyn) stages -= kStep;
