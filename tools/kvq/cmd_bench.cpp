@@ -186,14 +186,16 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);
     if (!rows.is_ok()) return fail("decode", rows.status());
-    std::printf("\n%-30s %-13s %3s %5s %6s %4s %6s %4s %10s %8s %7s %7s %8s\n", "shape", "format", "bs", "sink", "splits",
-                "ctas", "stages", "feed", "median_us", "TB/s", "%copy", "%read", "t/bf16");
+    // %same: the read-only stream of the case's bytes alone, timed like the case, as a share of its time.
+    std::printf("\n%-30s %-13s %3s %5s %6s %4s %6s %4s %10s %8s %7s %7s %7s %8s\n", "shape", "format", "bs", "sink",
+                "splits", "ctas", "stages", "feed", "median_us", "TB/s", "%copy", "%read", "%same", "t/bf16");
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : rows.value()) {
-      std::printf("%-30s %-13s %3d %5d %6d %4d %6d %4s %10.2f %8.3f %6.1f%% %6.1f%% %8.3f\n", r.shape.label().c_str(),
-                  format_name(r.format), r.block_size, r.sink_tokens, r.splits, r.ctas_per_sm, r.ring_stages,
-                  r.ring_stages == 0 ? "-" : r.producer_warp ? "prod" : "self", r.us_median, r.tb_per_s,
-                  100 * r.frac_of_copy, 100 * r.frac_of_read, r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0);
+      std::printf("%-30s %-13s %3d %5d %6d %4d %6d %4s %10.2f %8.3f %6.1f%% %6.1f%% %6.1f%% %8.3f\n",
+                  r.shape.label().c_str(), format_name(r.format), r.block_size, r.sink_tokens, r.splits, r.ctas_per_sm,
+                  r.ring_stages, r.ring_stages == 0 ? "-" : r.producer_warp ? "prod" : "self", r.us_median, r.tb_per_s,
+                  100 * r.frac_of_copy, 100 * r.frac_of_read, 100 * r.frac_of_same_read,
+                  r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0);
       arr.push_back({{"batch", r.shape.batch},
                      {"num_q_heads", r.shape.num_q_heads},
                      {"num_kv_heads", r.shape.num_kv_heads},
@@ -212,6 +214,8 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                      {"tb_per_s", r.tb_per_s},
                      {"frac_of_copy", r.frac_of_copy},
                      {"frac_of_read", r.frac_of_read},
+                     {"same_bytes_read_us", r.same_read_us},
+                     {"frac_of_same_bytes_read", r.frac_of_same_read},
                      {"ring_stages", r.ring_stages},
                      {"ring_feed", r.ring_stages == 0 ? "none" : r.producer_warp ? "producer" : "self"},
                      {"speedup_vs_bf16", r.speedup_vs_bf16},

@@ -350,6 +350,33 @@ Status check_bench_size(const std::string& what, double tokens, int num_kv_heads
   return Status::ok();
 }
 
+// The read-only stream over `bytes` (a fresh buffer, contiguous) under the case's own timing: the same
+// cold L2 and the same size, so its launch, ramp and tail are the ones a decode of those bytes cannot
+// avoid either (the 1 GiB ceiling amortises them). Best of the ceiling's read variants.
+Result<double> time_same_bytes_read(size_t bytes, const BenchTiming& timing, DeviceBuffer& flush,
+                                    const CudaDeviceInfo& dev) {
+  auto src = filled_source((bytes + 15) / 16 * 16);
+  if (!src.is_ok()) return src.status();
+  auto sink = DeviceBuffer::create(16);
+  if (!sink.is_ok()) return sink.status();
+  const size_t n = src.value().size() / 16;
+  double best_us = 0;
+  for (const int ctas_per_sm : {8, 16}) {
+    Timer t;
+    KVQ_RETURN_IF_ERROR(t.init());
+    Graph g;
+    KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+      read_kernel<4><<<dev.sm_count * ctas_per_sm, 2048 / ctas_per_sm, 0, s>>>(src.value().as<uint4>(), n, 1u,
+                                                                             sink.value().as<uint32_t>());
+      return detail::launch_status("read kernel");
+    }));
+    auto st = time_graph(t, g, timing, &flush);
+    if (!st.is_ok()) return st.status();
+    if (best_us == 0 || st->median < best_us) best_us = st->median;
+  }
+  return best_us;
+}
+
 Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs, const DecodeBenchOptions& o,
                                         DeviceBuffer& flush, const CudaDeviceInfo& dev) {
   if (sh.batch < 1 || sh.num_q_heads < 1 || sh.num_kv_heads < 1 || sh.head_dim < 1 || sh.seq_len < 1 ||
@@ -449,6 +476,9 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   }
   row.kv_bytes = bytes;
   row.tb_per_s = bytes / (row.us_median * 1e-6) / 1e12;
+  auto same = time_same_bytes_read(static_cast<size_t>(bytes), o.timing, flush, dev);
+  if (!same.is_ok()) return same.status();
+  row.same_read_us = same.value();
   return row;
 }
 
@@ -474,6 +504,7 @@ Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& o, co
         DecodeBenchRow row = r.value();
         row.frac_of_copy = copy.tb_per_s > 0 ? row.tb_per_s / copy.tb_per_s : 0;
         row.frac_of_read = read.tb_per_s > 0 ? row.tb_per_s / read.tb_per_s : 0;
+        row.frac_of_same_read = row.us_median > 0 ? row.same_read_us / row.us_median : 0;
         if (f == Format::kBf16) bf16_us = row.us_median;
         rows.push_back(row);
       }

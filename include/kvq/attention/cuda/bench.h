@@ -2,12 +2,13 @@
 // GPU benchmark core behind `kvq bench decode|write --backend cuda` (the CLI formats; this times).
 //
 // Method: every case is captured in a CUDA graph and replayed (warm-up, then >= 30 timed replays,
-// median reported); before each timed replay a buffer of 2x the L2 size is written (not timed) so
-// every replay starts with a cold L2, as a decode step over a large cache does. Caches are filled
-// with random valid codes directly on the device. Effective bandwidth counts the bytes the
-// operation must move at least (decode: K/V codes + scales + sink read; write: rows read + codes
-// and scales written) and is compared with a device-to-device copy measured in the same run
-// (bytes read + written over time).
+// median reported); before each timed replay a buffer of 2x the L2 size is read (or written:
+// L2Flush) untimed, so every replay starts with a cold L2, as a decode step over a large cache does.
+// Caches are filled with random valid codes directly on the device. Effective bandwidth counts the
+// bytes the operation must move at least (decode: K/V codes + scales + sink read; write: rows read +
+// codes and scales written) and is compared with a device-to-device copy and (decode) a read-only
+// stream of 1 GiB measured in the same run, and per decode case with a read-only stream of the
+// case's own bytes timed like the case.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -76,6 +77,10 @@ struct DecodeBenchRow {
   double tb_per_s = 0;        // kv_bytes / median
   double frac_of_copy = 0;    // tb_per_s / copy bandwidth
   double frac_of_read = 0;    // tb_per_s / read-only streaming bandwidth (decode only reads K/V)
+  // The read-only stream of kv_bytes alone, timed like the case (same flush, one launch): what its size
+  // and cold start cost any kernel, and the decode's time as a fraction of it (same_read_us / us_median).
+  double same_read_us = 0;
+  double frac_of_same_read = 0;
   int ring_stages = 0;        // bulk-copy kernel: pages in flight per CTA (0: the register kernel)
   bool producer_warp = false;  // 8- and 4-bit caches: the plan's ring feed
   double speedup_vs_bf16 = 0; // bf16 median / this median at the same block size (0 when bf16 was not run)
