@@ -100,8 +100,15 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   p.ring_16bit = opts.ring_16bit >= 0 ? opts.ring_16bit == 1 : base >= std::max(dev.sm_count, 1) / 8;
   const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit);
   if (kern.bulk) {
+    // A producer warp when a split of the batch has few CTAs, each a long chain of pages (docs/GPU_NOTES.md
+    // §13) -- except for 8- and 4-bit pages of 16 tokens at head dim <= 128 with at least sm_count / 16
+    // CTAs per split: there the attending warps feeding themselves were 1-13% faster at every batch
+    // measured (B1 Hkv8 L32768 .. B16 Hkv4 L8192, §18; their CTA is a warp smaller, so four fit an SM
+    // instead of three), but 3-9% slower with 2 or 4 CTAs per split and 4-6% slower for 16-bit pages.
+    const int sms = std::max(dev.sm_count, 1);
+    const bool self_pages = format_bits(a.geom.format) <= 8 && a.geom.block_size <= 16 && a.geom.head_dim <= 128 && base >= sms / 16;
     p.producer_warp = opts.ring_feed == RingFeed::kProducer ||
-                      (opts.ring_feed == RingFeed::kAuto && base < std::max(dev.sm_count, 1) / 2);
+                      (opts.ring_feed == RingFeed::kAuto && !self_pages && base < sms / 2);
   }
   void (*const fn)(detail::DecodeParams) = kern.kernel(p.producer_warp);
   p.threads = kern.threads(p.producer_warp);

@@ -58,10 +58,11 @@ struct DecodePlan {
   bool ring_16bit = true;      // bf16/fp16 caches at head_dim 64/128: the bulk-copy kernel (else the register kernel)
 };
 
-// Who refills the ring of the 8- and 4-bit kernel. kAuto: a producer warp when fewer than
+// Who refills the ring of the bulk-copy kernel. kAuto: a producer warp when fewer than
 // sm_count / 2 CTAs make up one split of the batch (sequences x kv heads x head groups), where every
 // CTA is a long chain of pages and the refill latency is on it; else the attending warps, which
-// leaves room for one more CTA per SM at head_dim 128 (docs/GPU_NOTES.md §13).
+// leaves room for one more CTA per SM at head_dim 128 (docs/GPU_NOTES.md §13). 8- and 4-bit caches at
+// block 16 and head_dim <= 128 take the attending warps from sm_count / 16 CTAs per split (§18).
 enum class RingFeed : int { kAuto, kSelf, kProducer };
 
 struct DecodeOptions {
