@@ -103,20 +103,24 @@ void check_case(const AttnCase& c) {
   // stage is reused many times and a stale phase or an early release would show; each ring feed
   // (the planner picks one by the batch shape) with the planned and the smallest ring; 7 splits with
   // the sink dealt over all of them (what a one-wave plan does) and with the sink first; 16-bit
-  // caches also on the register kernel (DecodeOptions::ring_16bit = 0), planned and 7 splits.
+  // caches also on the register kernel (DecodeOptions::ring_16bit = 0), planned and 7 splits; 8- and
+  // 4-bit caches with head packing off (the planner packs groups <= 4), planned and 7 splits per feed.
   struct Run {
     int splits, ring_stages;
     kc::RingFeed feed;
     int spread_sink = -1;
     int ring_16bit = -1;
+    int packed_heads = -1;
   };
   for (const Run run : {Run{1, 0, kc::RingFeed::kAuto}, Run{0, 0, kc::RingFeed::kAuto}, Run{7, 0, kc::RingFeed::kAuto, 1},
                         Run{0, 4, kc::RingFeed::kSelf}, Run{0, 4, kc::RingFeed::kProducer},
                         Run{0, 0, kc::RingFeed::kSelf}, Run{7, 0, kc::RingFeed::kProducer, 1},
                         Run{7, 0, kc::RingFeed::kSelf, 0}, Run{7, 0, kc::RingFeed::kProducer, 0},
-                        Run{0, 0, kc::RingFeed::kAuto, -1, 0}, Run{7, 0, kc::RingFeed::kAuto, 1, 0}}) {
+                        Run{0, 0, kc::RingFeed::kAuto, -1, 0}, Run{7, 0, kc::RingFeed::kAuto, 1, 0},
+                        Run{0, 0, kc::RingFeed::kSelf, -1, -1, 0}, Run{7, 0, kc::RingFeed::kProducer, 1, -1, 0}}) {
     const bool is16 = format_traits(c.format).bits == 16;
     if (run.ring_16bit == 0 && !is16) continue;  // the option only changes 16-bit plans
+    if (run.packed_heads == 0 && (is16 || hq / c.num_kv_heads > 4)) continue;  // nothing to unpack
     const int forced = run.splits;
     kc::DecodeOptions opts;
     opts.force_splits = forced;
@@ -124,6 +128,7 @@ void check_case(const AttnCase& c) {
     opts.ring_feed = run.feed;
     opts.spread_sink = run.spread_sink;
     opts.ring_16bit = run.ring_16bit;
+    opts.packed_heads = run.packed_heads;
     auto plan = kc::plan(a, dev, opts);
     ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
     auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(a, plan.value()), 16));
@@ -140,6 +145,7 @@ void check_case(const AttnCase& c) {
                             (plan.value().spread_sink ? " sink spread" : " sink first") +
                             " stages=" + std::to_string(plan.value().ring_stages) +
                             (plan.value().producer_warp ? " producer" : " self") +
+                            (plan.value().packed_heads ? " packed" : "") +
                             (is16 ? (plan.value().ring_stages > 0 ? " ring" : " register") : "");
     ASSERT_TRUE(testing::all_finite(got.data(), got.size())) << tag << ": output has NaN/inf (unwritten or poisoned read)";
     // Per (sequence, head) rows, so a single bad row cannot hide in a large norm.
@@ -153,7 +159,8 @@ void check_case(const AttnCase& c) {
     }
     ::testing::Test::RecordProperty("worst_rel_l2_s" + std::to_string(forced) + "_ss" + std::to_string(run.spread_sink) +
                                         "_r" + std::to_string(run.ring_stages) +
-                                        (plan.value().producer_warp ? "_p" : "_s") + (run.ring_16bit == 0 ? "_reg" : ""),
+                                        (plan.value().producer_warp ? "_p" : "_s") + (run.ring_16bit == 0 ? "_reg" : "") +
+                                        (plan.value().packed_heads ? "_pk" : ""),
                                     std::to_string(worst));
   }
 }

@@ -183,17 +183,21 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                                                    : kc::RingFeed::kAuto;
     // And for the 16-bit kernels of §16: "register" or "ring" (default: the planner's choice).
     if (const char* env = std::getenv("KVQ_DECODE_16BIT")) d.ring_16bit = std::string(env) == "register" ? 0 : 1;
+    // And for head packing of §18: "0" turns it off (default: the planner's choice).
+    if (const char* env = std::getenv("KVQ_DECODE_PACK")) d.packed_heads = std::string(env) == "0" ? 0 : -1;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);
     if (!rows.is_ok()) return fail("decode", rows.status());
     // %same: the read-only stream of the case's bytes alone, timed like the case, as a share of its time.
-    std::printf("\n%-30s %-13s %3s %5s %6s %4s %6s %4s %10s %8s %7s %7s %7s %8s\n", "shape", "format", "bs", "sink",
+    std::printf("\n%-30s %-13s %3s %5s %6s %4s %6s %7s %10s %8s %7s %7s %7s %8s\n", "shape", "format", "bs", "sink",
                 "splits", "ctas", "stages", "feed", "median_us", "TB/s", "%copy", "%read", "%same", "t/bf16");
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : rows.value()) {
-      std::printf("%-30s %-13s %3d %5d %6d %4d %6d %4s %10.2f %8.3f %6.1f%% %6.1f%% %6.1f%% %8.3f\n",
+      // feed: who refills the ring ("-": the register kernel), "+pk" where heads are packed.
+      const std::string feed = r.ring_stages == 0 ? "-" : std::string(r.producer_warp ? "prod" : "self") + (r.packed_heads ? "+pk" : "");
+      std::printf("%-30s %-13s %3d %5d %6d %4d %6d %7s %10.2f %8.3f %6.1f%% %6.1f%% %6.1f%% %8.3f\n",
                   r.shape.label().c_str(), format_name(r.format), r.block_size, r.sink_tokens, r.splits, r.ctas_per_sm,
-                  r.ring_stages, r.ring_stages == 0 ? "-" : r.producer_warp ? "prod" : "self", r.us_median, r.tb_per_s,
+                  r.ring_stages, feed.c_str(), r.us_median, r.tb_per_s,
                   100 * r.frac_of_copy, 100 * r.frac_of_read, 100 * r.frac_of_same_read,
                   r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0);
       arr.push_back({{"batch", r.shape.batch},
@@ -218,6 +222,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                      {"frac_of_same_bytes_read", r.frac_of_same_read},
                      {"ring_stages", r.ring_stages},
                      {"ring_feed", r.ring_stages == 0 ? "none" : r.producer_warp ? "producer" : "self"},
+                     {"packed_heads", r.packed_heads},
                      {"speedup_vs_bf16", r.speedup_vs_bf16},
                      {"time_vs_bf16", r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0}});
     }

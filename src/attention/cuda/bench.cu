@@ -450,12 +450,14 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   dopts.ring_stages = o.ring_stages;
   dopts.ring_feed = o.ring_feed;
   dopts.ring_16bit = o.ring_16bit;
+  dopts.packed_heads = o.packed_heads;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;
   row.ctas_per_sm = plan->ctas_per_sm;
   row.ring_stages = plan->ring_stages;
   row.producer_warp = plan->producer_warp;
+  row.packed_heads = plan->packed_heads;
   auto ws = DeviceBuffer::create(std::max<size_t>(workspace_size(a, plan.value()), 16));
   if (!ws.is_ok()) return ws.status();
 

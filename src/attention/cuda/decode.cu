@@ -110,7 +110,8 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     p.producer_warp = opts.ring_feed == RingFeed::kProducer ||
                       (opts.ring_feed == RingFeed::kAuto && !self_pages && base < sms / 2);
   }
-  void (*const fn)(detail::DecodeParams) = kern.kernel(p.producer_warp);
+  p.packed_heads = kern.has_packed() && group <= 4 && opts.packed_heads != 0;
+  void (*const fn)(detail::DecodeParams) = kern.kernel(p.producer_warp, p.packed_heads);
   p.threads = kern.threads(p.producer_warp);
   if (kern.bulk) {
     // Allow the kernel the whole opt-in shared memory once: the attribute is per function, and plans
@@ -213,6 +214,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   if (a.tables.num_seqs != p.num_seqs || a.num_q_heads != p.num_q_heads || a.tables.max_blocks > p.max_blocks ||
       a.tables.max_sink_blocks > p.max_sink_blocks || p.num_splits < 1 ||
       (p.producer_warp && !kern.bulk) || p.threads != kern.threads(p.producer_warp) ||
+      (p.packed_heads && (!kern.has_packed() || a.num_q_heads / a.geom.num_kv_heads > 4)) ||
       (kern.bulk && (p.ring_stages < detail::kDecodeWarps || p.ring_stages > detail::kMaxStages ||
                      p.smem_bytes != detail::kRingOffset + p.ring_stages * ring_stage_bytes(a.geom))))
     return invalid_argument("cuda decode: the plan was made for another batch shape or cache geometry (sequences, heads, table widths, format); call plan() again");
@@ -243,7 +245,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   }
   const dim3 grid(p.num_splits, g.num_kv_heads * p.head_groups, a.tables.num_seqs);
   if (grid.y > 65535) return unsupported("cuda decode: too many kv heads x head groups for one launch");
-  kern.kernel(p.producer_warp)<<<grid, p.threads, p.smem_bytes, stream>>>(k);
+  kern.kernel(p.producer_warp, p.packed_heads)<<<grid, p.threads, p.smem_bytes, stream>>>(k);
   KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;

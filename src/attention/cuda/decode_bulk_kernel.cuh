@@ -236,7 +236,7 @@ __device__ __forceinline__ WarpUnits warp_units(const DecodeParams& p, const Cta
 // that ends before it (all but the part's or split's last) takes the unmasked step; in the last, tiles
 // past the end are masked (a second page past the split's end was not requested: its slot holds
 // whatever it held, which the mask removes, V zeroed for floating-point codes).
-template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
 __device__ __forceinline__ void attend_unit(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                             const uint4* qf, const uint8_t* stage, const int* ids, int u, int lane,
                                             State<D>& st) {
@@ -255,7 +255,7 @@ __device__ __forceinline__ void attend_unit(const DecodeParams& p, const CtaWork
         if constexpr (SM == ScaleMode::kToken && !PT) sub = detail::scale_sub(ra, ids[pj]);
         load_tile_smem<F, D, SM, SD, PT>(stage + pj * ra.page_slot, j & ((1 << ra.tpp_log) - 1), bs, sub, lane, pl[n]);
       }
-      compute_tiles<F, D, SM, N, kMask>(pl, qf, a, tile0 + kt, lane, st);
+      compute_tiles<F, D, SM, N, kMask, kPack>(pl, qf, a, tile0 + kt, lane, st);
     }
   };
   if ((tile0 + unit_tiles) * kTileTokens <= a.n_tokens) {
@@ -285,7 +285,7 @@ __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAd
   }
 }
 
-template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
 __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, uint32_t full, int* page_ids, uint8_t* ring, int warp, int lane,
                                  State<D>& st) {
@@ -310,7 +310,8 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
     const int page1 = ra.ppu_log ? __shfl_sync(0xffffffffu, ids, WarpUnits::entry(k + R - kb, 1, ra.ppu_log)) : -1;
     mbar_wait(full + 8 * s, phase);
     const uint32_t stage_off = static_cast<uint32_t>(s) * p.stage_bytes;
-    attend_unit<F, D, SM, SD, PT>(p, w, ra, a, qf, ring + stage_off, page_ids + 2 * s, warp + kDecodeWarps * k, lane, st);
+    attend_unit<F, D, SM, SD, PT, kPack>(p, w, ra, a, qf, ring + stage_off, page_ids + 2 * s, warp + kDecodeWarps * k, lane,
+                                         st);
     // Every lane's reads of the stage (their values are consumed above) before the copy engine
     // overwrites it.
     fence_proxy_async_smem();
@@ -350,7 +351,7 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr&
   }
 }
 
-template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
 __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, uint32_t full, uint32_t empty, const int* page_ids,
                                  const uint8_t* ring, int warp, int lane, State<D>& st) {
@@ -359,8 +360,8 @@ __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const 
   uint32_t phase = 0;
   for (int u = warp; u < n_units; u += kDecodeWarps) {
     mbar_wait(full + 8 * s, phase);
-    attend_unit<F, D, SM, SD, PT>(p, w, ra, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids + 2 * s, u,
-                                  lane, st);
+    attend_unit<F, D, SM, SD, PT, kPack>(p, w, ra, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids + 2 * s,
+                                         u, lane, st);
     mbar_arrive(empty + 8 * s);  // every lane: each releases its own reads of the stage
     s += kDecodeWarps;
     if (s >= S) s -= S, phase ^= 1u;
@@ -369,7 +370,9 @@ __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const 
 
 // ---- the kernel -----------------------------------------------------------------------------------
 
-template <Format F, int D, ScaleMode SM, int kMinCtas, Feed FD>
+// kPack: at most 4 query heads per CTA, tiles scored in pairs (compute_tiles); the sink is attended in
+// the unpacked layout first and the state converted (pack_state).
+template <Format F, int D, ScaleMode SM, int kMinCtas, Feed FD, bool kPack = false>
 __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kernel(const DecodeParams p) {
   __shared__ DecodeSmem<D> sm;
   extern __shared__ __align__(128) uint8_t dyn[];
@@ -405,6 +408,7 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
     if constexpr (FD == Feed::kProducer) produce<F, D, SM>(p, w, ra, full_s, empty_s, page_ids, ring_s, lane);
   } else {
     run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
+    if constexpr (kPack) pack_state(st, lane);
     PartArgs a = main_args<SM>(p, w, unscale);
     a.n_tokens = min(a.n_tokens, w.main_t1 * kTileTokens);  // the split's end (attend_unit)
     // One branch on the scale dtype and layout here instead of one per scale read in the page loop.
@@ -417,9 +421,9 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
       constexpr ScaleDtype SD = decltype(sd)::value;
       constexpr bool PT = decltype(pt)::value;
       if constexpr (FD == Feed::kSelf) {
-        consume_self_fed<F, D, SM, SD, PT>(p, w, ra, a, sm.qf[0], full_s, page_ids, ring, warp, lane, st);
+        consume_self_fed<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], full_s, page_ids, ring, warp, lane, st);
       } else {
-        consume_produced<F, D, SM, SD, PT>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st);
+        consume_produced<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st);
       }
     };
     using Fp16 = std::integral_constant<ScaleDtype, ScaleDtype::kFp16>;
@@ -436,7 +440,7 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
       consume(Fp32{}, Runs{});
     }
   }
-  merge_and_store<D>(p, w, sm, st, warp, lane);
+  merge_and_store<D, kPack>(p, w, sm, st, warp, lane);
 }
 
 }  // namespace kvq::attention::cuda::detail

@@ -9,10 +9,16 @@ namespace kvq::attention::cuda::detail {
 struct DecodeKernelFn {
   void (*fn)(DecodeParams) = nullptr;           // the register kernel, or the bulk kernel with Feed::kSelf
   void (*fn_producer)(DecodeParams) = nullptr;  // bulk kernels: the same with Feed::kProducer
+  void (*fn_packed)(DecodeParams) = nullptr;    // 8- and 4-bit at head_dim <= 128: kPack instances (<= 4 heads
+  void (*fn_producer_packed)(DecodeParams) = nullptr;  // per CTA, compute_tiles), else null
   bool bulk = false;  // decode_bulk_kernel: bulk_threads<Feed>() threads and a dynamic shared-memory ring
   explicit operator bool() const { return fn != nullptr; }
-  // The kernel and its CTA size for a plan's feed (producer: DecodePlan::producer_warp).
-  void (*kernel(bool producer) const)(DecodeParams) { return producer ? fn_producer : fn; }
+  bool has_packed() const { return fn_packed != nullptr; }
+  // The kernel and its CTA size for a plan's feed and head packing (DecodePlan::producer_warp, packed_heads).
+  void (*kernel(bool producer, bool packed = false) const)(DecodeParams) {
+    if (packed) return producer ? fn_producer_packed : fn_packed;
+    return producer ? fn_producer : fn;
+  }
   int threads(bool producer) const {
     if (!bulk) return kDecodeThreads;
     return producer ? bulk_threads<Feed::kProducer>() : bulk_threads<Feed::kSelf>();
@@ -27,15 +33,27 @@ using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 // D128 at 4 (<= 128 registers), D256 at 2; with Feed::kProducer (five warps) D64 at 4 (96 registers),
 // D128 at 3, D256 at 2 (<= 204; it takes 166-178 with no spill, and two CTAs per SM were 9-21% faster
 // than one at block 16, docs/GPU_NOTES.md §17).
+// Packed-head instances (compute_tiles' kPack: two tiles per set of softmax instructions when a CTA
+// has at most 4 query heads) for the 8- and 4-bit formats at head_dim 64 and 128, whose softmax step
+// has an even number of tiles; 16-bit caches and head_dim 256 keep one instance per feed.
 template <Format F, int D, ScaleMode SM>
 DecodeKernelFn bulk_instance() {
   constexpr int kSelfCtas = D == 256 ? 2 : 4, kProducerCtas = D == 64 ? 4 : D == 128 ? 3 : 2;
-  return {decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf>, decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer>,
-          true};
+  DecodeKernelFn k;
+  k.fn = decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf>;
+  k.fn_producer = decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer>;
+  if constexpr (Path<F>::kBits <= 8 && D <= 128 && TileShape<F, D>::kRingStepTiles % 2 == 0) {
+    k.fn_packed = decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf, true>;
+    k.fn_producer_packed = decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer, true>;
+  }
+  k.bulk = true;
+  return k;
 }
 template <Format F, int D, ScaleMode SM>
 DecodeKernelFn register_instance() {
-  return {decode_kernel<F, D, SM, 1>, nullptr, false};
+  DecodeKernelFn k;
+  k.fn = decode_kernel<F, D, SM, 1>;
+  return k;
 }
 template <Format F, int D, ScaleMode SM>
 DecodeKernelFn decode_instance() {

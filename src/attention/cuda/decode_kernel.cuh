@@ -231,14 +231,24 @@ __device__ __forceinline__ void load_tile(const DecodeParams& p, const PartArgs&
 // paid once per step instead of once per tile. Tiles past the part's end are masked.
 // kMask = false: the caller guarantees every token of the N tiles is valid (the bulk kernel's
 // whole units), so the validity tests and the V zeroing drop out.
-template <Format F, int D, ScaleMode SM, int N, bool kMask = true>
+// kPack (N even, at most 4 query heads per CTA): the QK result leaves lanes g >= 4 (heads 4-7) idle,
+// so they take the second tile of each pair instead: lanes g < 4 score tile 2v for head g, lanes g + 4
+// tile 2v + 1 for the same head, and one set of softmax instructions serves two tiles. The PV
+// contraction then needs one mma per pair instead of two: its columns become (head h, high half) for
+// n = h < 4 and (head h, low half) for n = h + 4, so a lane's O holds the high-half sums of heads
+// 2t, 2t+1 (t < 2) or the low-half sums of heads 2t-4, 2t-3 (t >= 2), added up in merge_and_store.
+// State in this layout: m, mv equal in lanes g and g + 4, l split between them (pack_state).
+template <Format F, int D, ScaleMode SM, int N, bool kMask = true, bool kPack = false>
 __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const uint4* qf, const PartArgs& a, int tile,
                                               int lane, State<D>& st) {
   using P = Path<F>;
+  static_assert(!kPack || N % 2 == 0, "packed heads score the tiles in pairs");
+  constexpr int NV = kPack ? N / 2 : N;  // rows of softmax work per lane
   const int t = lane & 3;
+  const bool upper = kPack && lane >= 16;  // packed: this lane scores the pair's second tile
   constexpr float kNegInf = -__builtin_huge_valf();
   bool ok0[N], ok1[N], partial[N];
-  float s0[N], s1[N], u0[N], u1[N];
+  float s0[NV], s1[NV], u0[NV], u1[NV];
 
   // Logits of head g for tokens 2t, 2t+1 of each tile.
   float c[N][4];
@@ -258,7 +268,6 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
       }
     }
   }
-  float smax = kNegInf, umax = kNegInf;
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     if constexpr (kMask) {
@@ -267,38 +276,63 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
     } else {
       ok0[n] = ok1[n] = true, partial[n] = false;
     }
+  }
+  float smax = kNegInf, umax = kNegInf;
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+    // This lane's tile n and its logits: tile v, or (packed) tile 2v, whose partner lane takes 2v + 1.
+    const int n = kPack ? 2 * v : v;
+    float x0 = c[n][0] + c[n][2], x1 = c[n][1] + c[n][3];
+    bool k0 = ok0[n], k1 = ok1[n];
+    const Payload<F, D>* pl = &pl_in[n];
+    if constexpr (kPack) {
+      const float y0 = __shfl_xor_sync(0xffffffffu, c[n + 1][0] + c[n + 1][2], 16);
+      const float y1 = __shfl_xor_sync(0xffffffffu, c[n + 1][1] + c[n + 1][3], 16);
+      x0 = upper ? y0 : x0, x1 = upper ? y1 : x1;
+      k0 = upper ? ok0[n + 1] : k0, k1 = upper ? ok1[n + 1] : k1;
+    }
     float km0 = a.kconst, km1 = a.kconst, lv0 = a.lvconst, lv1 = a.lvconst;
     if constexpr (SM == ScaleMode::kToken) {
-      km0 *= pl_in[n].ks0;
-      km1 *= pl_in[n].ks1;
-      lv0 = fast_log2(pl_in[n].vs0 * a.lvconst);  // kToken parts pass the V factor itself in lvconst
-      lv1 = fast_log2(pl_in[n].vs1 * a.lvconst);
+      const float ks0 = kPack && upper ? pl[1].ks0 : pl->ks0, ks1 = kPack && upper ? pl[1].ks1 : pl->ks1;
+      const float vs0 = kPack && upper ? pl[1].vs0 : pl->vs0, vs1 = kPack && upper ? pl[1].vs1 : pl->vs1;
+      km0 *= ks0;
+      km1 *= ks1;
+      lv0 = fast_log2(vs0 * a.lvconst);  // kToken parts pass the V factor itself in lvconst
+      lv1 = fast_log2(vs1 * a.lvconst);
     }
-    s0[n] = ok0[n] ? (c[n][0] + c[n][2]) * km0 : kNegInf;
-    s1[n] = ok1[n] ? (c[n][1] + c[n][3]) * km1 : kNegInf;
-    u0[n] = ok0[n] ? s0[n] + lv0 : kNegInf;
-    u1[n] = ok1[n] ? s1[n] + lv1 : kNegInf;
-    smax = fmaxf(smax, fmaxf(s0[n], s1[n]));
-    umax = fmaxf(umax, fmaxf(u0[n], u1[n]));
+    s0[v] = k0 ? x0 * km0 : kNegInf;
+    s1[v] = k1 ? x1 * km1 : kNegInf;
+    u0[v] = k0 ? s0[v] + lv0 : kNegInf;
+    u1[v] = k1 ? s1[v] + lv1 : kNegInf;
+    smax = fmaxf(smax, fmaxf(s0[v], s1[v]));
+    umax = fmaxf(umax, fmaxf(u0[v], u1[v]));
   }
 
-  // Online softmax: denominator over s, numerator over u = s + log2(v scale).
-  const float m_new = fmaxf(st.m, warp_max_xor(smax, 2));
+  // Online softmax: denominator over s, numerator over u = s + log2(v scale). A head's lanes: its
+  // four t lanes, and (packed) the same four of g + 4.
+  float red_s = warp_max_xor(smax, 2), red_u = warp_max_xor(umax, 2);
+  if constexpr (kPack) {
+    red_s = fmaxf(red_s, __shfl_xor_sync(0xffffffffu, red_s, 16));
+    red_u = fmaxf(red_u, __shfl_xor_sync(0xffffffffu, red_u, 16));
+  }
+  const float m_new = fmaxf(st.m, red_s);
   const float m_use = m_new == kNegInf ? 0.f : m_new;
   const float alpha = fast_exp2(st.m - m_use);
   float lsum = 0.f;
 #pragma unroll
-  for (int n = 0; n < N; ++n) lsum += fast_exp2(s0[n] - m_use) + fast_exp2(s1[n] - m_use);
+  for (int v = 0; v < NV; ++v) lsum += fast_exp2(s0[v] - m_use) + fast_exp2(s1[v] - m_use);
   st.l = st.l * alpha + lsum;
   st.m = m_new;
-  const float mv_new = fmaxf(st.mv, warp_max_xor(umax, 2));
+  const float mv_new = fmaxf(st.mv, red_u);
   const float mv_use = mv_new == kNegInf ? 0.f : mv_new;
   const float beta = fast_exp2(st.mv - mv_use);
   st.mv = mv_new;
 
-  // Rescale O (heads 2t, 2t+1 live in this lane; their factors in lanes 8t and 8t + 4).
-  const float beta_a = __shfl_sync(0xffffffffu, beta, 8 * t);
-  const float beta_b = __shfl_sync(0xffffffffu, beta, 8 * t + 4);
+  // Rescale O: its columns 2t, 2t+1 are heads 2t, 2t+1, whose factors live in lanes 8t and 8t + 4
+  // (packed: heads (2t) & 3 and (2t + 1) & 3, lanes 8t & 15 and (8t + 4) & 15).
+  const int src = kPack ? (8 * t) & 15 : 8 * t;
+  const float beta_a = __shfl_sync(0xffffffffu, beta, src);
+  const float beta_b = __shfl_sync(0xffffffffu, beta, src + 4);
   if (__any_sync(0xffffffffu, beta_a != 1.f || beta_b != 1.f)) {
 #pragma unroll
     for (int jj = 0; jj < D / 16; ++jj) {
@@ -310,11 +344,13 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
   }
 
   constexpr int kVW = TileShape<F, D>::kVWords;
-  uint32_t p_hi[N], p_lo[N];
+  uint32_t p_hi[NV], p_lo[NV];
   uint32_t va[N][kVW], vb[N][kVW];
 #pragma unroll
+  for (int v = 0; v < NV; ++v)
+    split2<P::kBf16Mma>(fast_exp2(u0[v] - mv_use), fast_exp2(u1[v] - mv_use), p_hi[v], p_lo[v]);
+#pragma unroll
   for (int n = 0; n < N; ++n) {
-    split2<P::kBf16Mma>(fast_exp2(u0[n] - mv_use), fast_exp2(u1[n] - mv_use), p_hi[n], p_lo[n]);
     // Unwritten slots of a partial tile may hold anything: floating-point codes can be NaN, which a
     // zero probability does not cancel, so their V is zeroed. Integer codes are finite, and their
     // zero weight (u = -inf above) already removes them.
@@ -327,7 +363,27 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
       }
     }
   }
-  if constexpr (N % 2 == 0) {
+  if constexpr (kPack) {
+    // One k = 16 contraction per pair with B column g = (head g & 3, high half if g < 4, else low):
+    // each lane hands its partner the half the partner's column needs.
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+      const uint32_t recv = __shfl_xor_sync(0xffffffffu, upper ? p_hi[v] : p_lo[v], 16);
+      const uint32_t b0 = upper ? recv : p_hi[v];  // tile 2v: high half (lower lanes), low half (upper)
+      const uint32_t b1 = upper ? p_lo[v] : recv;  // tile 2v + 1
+#pragma unroll
+      for (int jj = 0; jj < D / 16; ++jj) {
+        uint4 av;
+        P::v_frag(va[2 * v], vb[2 * v], jj, av.x, av.y);
+        P::v_frag(va[2 * v + 1], vb[2 * v + 1], jj, av.z, av.w);
+        if constexpr (P::kBf16Mma) {
+          mma_m16n8k16_bf16(st.o[jj], av, b0, b1);
+        } else {
+          mma_m16n8k16_f16(st.o[jj], av, b0, b1);
+        }
+      }
+    }
+  } else if constexpr (N % 2 == 0) {
     // Two tiles are one k = 16 contraction: the m16n8k16 A fragment is the two m16n8k8 A fragments
     // side by side (tokens 0-7, then 8-15) and its B fragment the two tiles' probabilities, so a
     // pair costs half the PV mma instructions.
@@ -335,15 +391,15 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
     for (int n = 0; n < N; n += 2) {
 #pragma unroll
       for (int jj = 0; jj < D / 16; ++jj) {
-        uint4 a;
-        P::v_frag(va[n], vb[n], jj, a.x, a.y);
-        P::v_frag(va[n + 1], vb[n + 1], jj, a.z, a.w);
+        uint4 av;
+        P::v_frag(va[n], vb[n], jj, av.x, av.y);
+        P::v_frag(va[n + 1], vb[n + 1], jj, av.z, av.w);
         if constexpr (P::kBf16Mma) {
-          mma_m16n8k16_bf16(st.o[jj], a, p_hi[n], p_hi[n + 1]);
-          mma_m16n8k16_bf16(st.o[jj], a, p_lo[n], p_lo[n + 1]);
+          mma_m16n8k16_bf16(st.o[jj], av, p_hi[n], p_hi[n + 1]);
+          mma_m16n8k16_bf16(st.o[jj], av, p_lo[n], p_lo[n + 1]);
         } else {
-          mma_m16n8k16_f16(st.o[jj], a, p_hi[n], p_hi[n + 1]);
-          mma_m16n8k16_f16(st.o[jj], a, p_lo[n], p_lo[n + 1]);
+          mma_m16n8k16_f16(st.o[jj], av, p_hi[n], p_hi[n + 1]);
+          mma_m16n8k16_f16(st.o[jj], av, p_lo[n], p_lo[n + 1]);
         }
       }
     }
@@ -363,6 +419,20 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
         }
       }
     }
+  }
+}
+
+// The state of the unpacked layout (heads g = 0..7 in lanes g, O columns = heads) in the packed one
+// (compute_tiles, kPack): lanes g + 4 take over head g's maxima with an empty sum, and the O columns
+// of t >= 2, now low-half sums, start empty. Valid when at most 4 heads are live (the rest padding).
+template <int D>
+__device__ __forceinline__ void pack_state(State<D>& st, int lane) {
+  const bool upper = lane >= 16;
+  const float m = __shfl_xor_sync(0xffffffffu, st.m, 16), mv = __shfl_xor_sync(0xffffffffu, st.mv, 16);
+  if (upper) st.m = m, st.mv = mv, st.l = 0.f;
+  if ((lane & 3) >= 2) {
+#pragma unroll
+    for (int jj = 0; jj < D / 16; ++jj) st.o[jj][0] = st.o[jj][1] = st.o[jj][2] = st.o[jj][3] = 0.f;
   }
 }
 
@@ -594,13 +664,21 @@ __device__ __forceinline__ PartArgs main_args(const DecodeParams& p, const CtaWo
 
 // Merges the kDecodeWarps consumer warps' softmax states through shared memory and stores the
 // CTA's rows. Warps >= kDecodeWarps (the bulk kernel's producer) only take part in the barriers.
-template <int D>
+template <int D, bool kPack = false>
 __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeSmem<D>& sm, State<D>& st, int warp,
                                 int lane) {
   constexpr float kNegInf = -__builtin_huge_valf();
-  // l is summed over the 4 lanes that share a head.
+  // l is summed over the 4 lanes that share a head (packed: and the 4 of g + 4); packed O columns of
+  // t >= 2 (low-half sums) join the high-half sums of t - 2.
   st.l += __shfl_xor_sync(0xffffffffu, st.l, 1);
   st.l += __shfl_xor_sync(0xffffffffu, st.l, 2);
+  if constexpr (kPack) {
+    st.l += __shfl_xor_sync(0xffffffffu, st.l, 16);
+#pragma unroll
+    for (int jj = 0; jj < D / 16; ++jj)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st.o[jj][i] += __shfl_xor_sync(0xffffffffu, st.o[jj][i], 2);
+  }
   __syncthreads();  // everyone is done with the query fragments (union with o)
   if (warp < kDecodeWarps) {
     const int g = lane >> 2, t = lane & 3;

@@ -62,6 +62,7 @@ struct DecodeBenchOptions {
   int ring_stages = 0;    // 8- and 4-bit caches: DecodeOptions::ring_stages (0: the planner's choice)
   RingFeed ring_feed = RingFeed::kAuto;  // 8- and 4-bit caches: DecodeOptions::ring_feed
   int ring_16bit = -1;    // bf16/fp16: DecodeOptions::ring_16bit (-1: the planner's choice)
+  int packed_heads = -1;  // 8- and 4-bit caches: DecodeOptions::packed_heads (-1: the planner's choice)
   uint64_t seed = 1;
   BenchTiming timing;
 };
@@ -83,6 +84,7 @@ struct DecodeBenchRow {
   double frac_of_same_read = 0;
   int ring_stages = 0;        // bulk-copy kernel: pages in flight per CTA (0: the register kernel)
   bool producer_warp = false;  // 8- and 4-bit caches: the plan's ring feed
+  bool packed_heads = false;   // 8- and 4-bit caches: the plan packs heads (DecodePlan::packed_heads)
   double speedup_vs_bf16 = 0; // bf16 median / this median at the same block size (0 when bf16 was not run)
 };
 

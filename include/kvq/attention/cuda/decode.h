@@ -56,6 +56,8 @@ struct DecodePlan {
   int smem_bytes = 0;       // dynamic shared memory per CTA (the ring and its barriers)
   bool producer_warp = false;  // 8- and 4-bit caches: a fifth warp refills the ring (else the attending warps)
   bool ring_16bit = true;      // bf16/fp16 caches at head_dim 64/128: the bulk-copy kernel (else the register kernel)
+  bool packed_heads = false;   // 8- and 4-bit caches at head_dim <= 128 with <= 4 query heads per kv head: lanes of
+                               // the idle heads score a second tile (docs/GPU_NOTES.md §18)
 };
 
 // Who refills the ring of the bulk-copy kernel. kAuto: a producer warp when fewer than
@@ -73,6 +75,8 @@ struct DecodeOptions {
   int ring_16bit = -1;   // bf16/fp16 at head_dim 64/128: 1 the bulk-copy ring, 0 the register kernel (tests,
                          // measurements); -1: choose (the ring unless a split of the batch is < sm_count / 8
                          // CTAs, docs/GPU_NOTES.md §16)
+  int packed_heads = -1;  // 0: never pack heads (tests, measurements); -1: pack where an instance exists and the
+                          // group is <= 4
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
