@@ -35,6 +35,7 @@ struct BenchCliOptions {
   std::string shapes;  // "B,Hq,Hkv,D,L;..." (default: the nine shapes)
   std::string block_sizes;  // "16,32": every case at each (default: --block-size)
   int splits = 0;
+  bool timeline = false;  // per case: the decode kernel's CTA start/end times in one more cold run
   // write
   CacheCliOptions write_cache;
   int tokens = 16384, heads = 8, head_dim = 128;
@@ -185,6 +186,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     if (const char* env = std::getenv("KVQ_DECODE_16BIT")) d.ring_16bit = std::string(env) == "register" ? 0 : 1;
     // And for head packing of §18: "0" turns it off (default: the planner's choice).
     if (const char* env = std::getenv("KVQ_DECODE_PACK")) d.packed_heads = std::string(env) == "0" ? 0 : -1;
+    d.timeline = o.timeline;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);
     if (!rows.is_ok()) return fail("decode", rows.status());
@@ -225,6 +227,27 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                      {"packed_heads", r.packed_heads},
                      {"speedup_vs_bf16", r.speedup_vs_bf16},
                      {"time_vs_bf16", r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0}});
+    }
+    if (o.timeline) {
+      std::printf("\ndecode kernel CTAs in one cold run (us after the first CTA's start; the rest of the median is launch"
+                  " and merge)\n%-30s %-13s %3s %6s %10s %8s %10s %9s %9s %9s\n",
+                  "shape", "format", "bs", "ctas", "median_us", "span", "last_start", "first_end", "med_end", "mean_cta");
+      for (size_t i = 0; i < rows.value().size(); ++i) {
+        const auto& r = rows.value()[i];
+        const auto& tl = r.timeline;
+        std::printf("%-30s %-13s %3d %6d %10.2f %8.2f %10.2f %9.2f %9.2f %9.2f\n", r.shape.label().c_str(),
+                    format_name(r.format), r.block_size, tl.ctas, r.us_median, tl.span_us, tl.last_start_us,
+                    tl.first_end_us, tl.median_end_us, tl.mean_cta_us);
+        arr[i]["timeline"] = {{"ctas", tl.ctas},
+                              {"span_us", tl.span_us},
+                              {"last_start_us", tl.last_start_us},
+                              {"first_end_us", tl.first_end_us},
+                              {"median_end_us", tl.median_end_us},
+                              {"mean_cta_us", tl.mean_cta_us},
+                              {"cta_start_us", tl.start_us},
+                              {"cta_end_us", tl.end_us},
+                              {"cta_sm", tl.sm}};
+      }
     }
     j["decode"] = arr;
   } else {
@@ -322,6 +345,9 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
                   "Comma-separated block sizes (16,32) to run every shape and format at, each against bf16 at the "
                   "same block size (default: --block-size)");
   dec->add_option("--splits", opt->splits, "Force this many KV splits (0: planned)")->capture_default_str();
+  dec->add_flag("--timeline", opt->timeline,
+                "Also run each case once more with per-CTA timestamps and print when its CTAs start and end "
+                "(where a one-wave kernel's time goes: ramp, tail, launch and merge)");
   dec->callback([which] { *which = 1; });
   CLI::App* wr = sub->add_subcommand("write", "Quantize + scatter of new K/V rows into pages");
   add_common(wr, *opt);

@@ -350,6 +350,42 @@ Status check_bench_size(const std::string& what, double tokens, int num_kv_heads
   return Status::ok();
 }
 
+// One more cold run of the case with DecodePlan::cta_timeline set, reduced to DecodeBenchRow::Timeline.
+Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan plan, DeviceBuffer& ws,
+                                                 DeviceBuffer& flush, const BenchTiming& timing, cudaStream_t s) {
+  const long long n = cta_timeline_entries(plan, a.geom.num_kv_heads);
+  auto buf = DeviceBuffer::create(static_cast<size_t>(n) * kTimelineWords * 8);
+  if (!buf.is_ok()) return buf.status();
+  plan.cta_timeline = buf.value().as<unsigned long long>();
+  if (timing.cold_l2) KVQ_RETURN_IF_ERROR(flush_l2(timing, flush, s));
+  KVQ_RETURN_IF_ERROR(run(a, plan, ws.get(), s));
+  KVQ_CUDA_TRY(cudaStreamSynchronize(s), "timeline run");
+  std::vector<unsigned long long> rows(static_cast<size_t>(n) * kTimelineWords);
+  KVQ_RETURN_IF_ERROR(buf.value().download(rows.data(), rows.size() * 8));
+  DecodeBenchRow::Timeline tl;
+  tl.measured = true;
+  tl.ctas = static_cast<int>(n);
+  unsigned long long t0 = ~0ull;
+  for (long long i = 0; i < n; ++i) t0 = std::min(t0, rows[i * kTimelineWords]);
+  std::vector<double> ends(n);
+  double dur = 0;
+  for (long long i = 0; i < n; ++i) {
+    const double st = 1e-3 * static_cast<double>(rows[i * kTimelineWords] - t0);
+    ends[i] = 1e-3 * static_cast<double>(rows[i * kTimelineWords + 1] - t0);
+    tl.last_start_us = std::max(tl.last_start_us, st);
+    dur += ends[i] - st;
+    tl.start_us.push_back(st);
+    tl.end_us.push_back(ends[i]);
+    tl.sm.push_back(static_cast<int>(rows[i * kTimelineWords + 2]));
+  }
+  std::sort(ends.begin(), ends.end());
+  tl.first_end_us = ends.front();
+  tl.median_end_us = ends[ends.size() / 2];
+  tl.span_us = ends.back();
+  tl.mean_cta_us = dur / static_cast<double>(n);
+  return tl;
+}
+
 // The read-only stream over `bytes` (a fresh buffer, contiguous) under the case's own timing: the same
 // cold L2 and the same size, so its launch, ramp and tail are the ones a decode of those bytes cannot
 // avoid either (the 1 GiB ceiling amortises them). Best of the ceiling's read variants.
@@ -478,6 +514,11 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   }
   row.kv_bytes = bytes;
   row.tb_per_s = bytes / (row.us_median * 1e-6) / 1e12;
+  if (o.timeline) {
+    auto tl = decode_timeline(a, plan.value(), ws.value(), flush, o.timing, t.stream);
+    if (!tl.is_ok()) return tl.status();
+    row.timeline = tl.value();
+  }
   auto same = time_same_bytes_read(static_cast<size_t>(bytes), o.timing, flush, dev);
   if (!same.is_ok()) return same.status();
   row.same_read_us = same.value();

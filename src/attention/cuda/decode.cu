@@ -200,6 +200,10 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   return p;
 }
 
+long long cta_timeline_entries(const DecodePlan& p, int num_kv_heads) {
+  return static_cast<long long>(p.num_splits) * num_kv_heads * p.head_groups * p.num_seqs;
+}
+
 size_t workspace_size(const DecodeArgs& a, const DecodePlan& p) {
   if (p.num_splits <= 1) return 0;
   const size_t rows = static_cast<size_t>(std::max(a.tables.num_seqs, 0)) * a.num_q_heads * p.num_splits;
@@ -238,6 +242,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   k.fnuz_factor = g.format == Format::kFp8E4m3Fnuz ? 0.5f : 1.f;
   k.ring_stages = p.ring_stages;
   k.stage_bytes = kern.bulk ? ring_stage_bytes(g) : 0;
+  k.timeline = p.cta_timeline;
   if (p.num_splits > 1) {
     const size_t rows = static_cast<size_t>(a.tables.num_seqs) * a.num_q_heads * p.num_splits;
     k.part_out = static_cast<float*>(workspace);

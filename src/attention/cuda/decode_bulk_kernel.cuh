@@ -383,10 +383,12 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   // Shared-window addresses of the barriers and the ring, converted once (the page loop passes them on).
   const uint32_t full_s = smem_u32(full), empty_s = smem_u32(empty), ring_s = smem_u32(ring);
 
+  if (p.timeline != nullptr && threadIdx.x == 0) sm.t_start = global_ns();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const CtaWork w = cta_work(p, p.block_size / kTileTokens);
   if (w.empty()) {
     store_empty(p, w, D);
+    record_timeline(p, sm.t_start, 0);
     return;
   }
   if (threadIdx.x == 0) {
@@ -441,6 +443,7 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
     }
   }
   merge_and_store<D, kPack>(p, w, sm, st, warp, lane);
+  record_timeline(p, sm.t_start, w.main_pages);
 }
 
 }  // namespace kvq::attention::cuda::detail

@@ -59,7 +59,23 @@ struct DecodeParams {
   float fnuz_factor;  // 0.5 for FNUZ read as OCP, else 1
   int ring_stages;    // bulk kernel: pages in flight per CTA (a multiple of kDecodeWarps, <= kMaxStages)
   int stage_bytes;    // bulk kernel: bytes of one ring stage (bulk_stage_bytes)
+  unsigned long long* timeline;  // DecodePlan::cta_timeline (diagnostics), usually null
 };
+
+// DecodePlan::cta_timeline: the global timer when the CTA starts and when it is done.
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned long long t0, int pages) {
+  if (p.timeline == nullptr || threadIdx.x != 0) return;  // t0: thread 0's start time (DecodeSmem::t_start)
+  unsigned smid;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+  const size_t cta = blockIdx.x + static_cast<size_t>(gridDim.x) * (blockIdx.y + static_cast<size_t>(gridDim.y) * blockIdx.z);
+  unsigned long long* row = p.timeline + 4 * cta;
+  row[0] = t0, row[1] = global_ns(), row[2] = smid, row[3] = static_cast<unsigned long long>(pages);
+}
 
 // ---- per-format fragment builders ------------------------------------------------------------------
 
@@ -540,6 +556,7 @@ struct DecodeSmem {
   float l[kDecodeWarps][kMaxGroupPerCta];
   float mv[kDecodeWarps][kMaxGroupPerCta];
   unsigned qamax_bits;
+  unsigned long long t_start;  // DecodePlan::cta_timeline: kept here, not in a register for the whole kernel
 };
 
 // ---- pieces shared by the register kernel (16-bit caches) and the bulk kernel (8-bit caches) ----------
@@ -728,10 +745,12 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
 template <Format F, int D, ScaleMode SM, int kMinCtas>
 __global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const DecodeParams p) {
   __shared__ DecodeSmem<D> sm;
+  if (p.timeline != nullptr && threadIdx.x == 0) sm.t_start = global_ns();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const CtaWork w = cta_work(p, 1);
   if (w.empty()) {
     store_empty(p, w, D);
+    record_timeline(p, sm.t_start, 0);
     return;
   }
   const float unscale = prepare_query<F, D>(p, w, sm);
@@ -740,6 +759,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const 
   run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
   if (w.main_t0 < w.main_t1) run_part<F, D, SM>(p, main_args<SM>(p, w, unscale), w.kv_head, sm.qf[0], warp, lane, st);
   merge_and_store<D>(p, w, sm, st, warp, lane);
+  record_timeline(p, sm.t_start, (w.main_t1 - w.main_t0) * kTileTokens / p.block_size);
 }
 
 // Log-sum-exp merge of the splits: one CTA of kMergeThreads per (sequence, query head). D / 4 threads

@@ -63,6 +63,7 @@ struct DecodeBenchOptions {
   RingFeed ring_feed = RingFeed::kAuto;  // 8- and 4-bit caches: DecodeOptions::ring_feed
   int ring_16bit = -1;    // bf16/fp16: DecodeOptions::ring_16bit (-1: the planner's choice)
   int packed_heads = -1;  // 8- and 4-bit caches: DecodeOptions::packed_heads (-1: the planner's choice)
+  bool timeline = false;  // one more cold run per case with DecodePlan::cta_timeline (DecodeBenchRow::timeline)
   uint64_t seed = 1;
   BenchTiming timing;
 };
@@ -86,6 +87,18 @@ struct DecodeBenchRow {
   bool producer_warp = false;  // 8- and 4-bit caches: the plan's ring feed
   bool packed_heads = false;   // 8- and 4-bit caches: the plan packs heads (DecodePlan::packed_heads)
   double speedup_vs_bf16 = 0; // bf16 median / this median at the same block size (0 when bf16 was not run)
+  // DecodeBenchOptions::timeline: the decode kernel's CTAs in one cold run (global timer, us after the
+  // first CTA's start); the rest of us_median is launch latency and the split merge.
+  struct Timeline {
+    bool measured = false;
+    int ctas = 0;
+    double span_us = 0;        // last CTA end
+    double last_start_us = 0;  // when the last CTA started (> 0: more CTAs than one wave holds, or a slow launch)
+    double first_end_us = 0, median_end_us = 0;
+    double mean_cta_us = 0;    // mean CTA duration
+    std::vector<double> start_us, end_us;  // per CTA (timeline index order)
+    std::vector<int> sm;                   // the SM it ran on
+  } timeline;
 };
 
 struct WriteBenchOptions {

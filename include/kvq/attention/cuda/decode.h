@@ -58,7 +58,12 @@ struct DecodePlan {
   bool ring_16bit = true;      // bf16/fp16 caches at head_dim 64/128: the bulk-copy kernel (else the register kernel)
   bool packed_heads = false;   // 8- and 4-bit caches at head_dim <= 128 with <= 4 query heads per kv head: lanes of
                                // the idle heads score a second tile (docs/GPU_NOTES.md §18)
+  // Diagnostics (kvq bench decode --timeline): when set, every CTA of the decode kernel writes
+  // {start ns, end ns, SM id, main pages} (global timer) at index split + splits x (y + gridDim.y x seq);
+  // kTimelineWords words per CTA, cta_timeline_entries(plan) entries. Null in normal use.
+  unsigned long long* cta_timeline = nullptr;
 };
+constexpr int kTimelineWords = 4;
 
 // Who refills the ring of the bulk-copy kernel. kAuto: a producer warp when fewer than
 // sm_count / 2 CTAs make up one split of the batch (sequences x kv heads x head groups), where every
@@ -85,6 +90,9 @@ struct DecodeOptions {
 Status can_implement(const DecodeArgs& args);
 
 Result<DecodePlan> plan(const DecodeArgs& args, const CudaDeviceInfo& device, const DecodeOptions& opts = {});
+
+// CTAs of the decode kernel for this plan (the rows DecodePlan::cta_timeline must hold).
+long long cta_timeline_entries(const DecodePlan& plan, int num_kv_heads);
 
 // Bytes of device workspace run() needs for this plan (0 when there is a single split).
 size_t workspace_size(const DecodeArgs& args, const DecodePlan& plan);
