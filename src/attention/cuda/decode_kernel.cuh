@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "device_util.cuh"
+#include "kvq/attention/cuda/decode.h"
 #include "kvq/attention/cuda/split_work.h"
 #include "kvq/cache/layout.h"
 #include "kvq/format/format.h"
@@ -73,7 +74,7 @@ __device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned 
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   const size_t cta = blockIdx.x + static_cast<size_t>(gridDim.x) * (blockIdx.y + static_cast<size_t>(gridDim.y) * blockIdx.z);
-  unsigned long long* row = p.timeline + 4 * cta;
+  unsigned long long* row = p.timeline + kTimelineWords * cta;  // the layout DecodePlan::cta_timeline documents
   row[0] = t0, row[1] = global_ns(), row[2] = smid, row[3] = static_cast<unsigned long long>(pages);
 }
 
@@ -309,8 +310,8 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
     }
     float km0 = a.kconst, km1 = a.kconst, lv0 = a.lvconst, lv1 = a.lvconst;
     if constexpr (SM == ScaleMode::kToken) {
-      const float ks0 = kPack && upper ? pl[1].ks0 : pl->ks0, ks1 = kPack && upper ? pl[1].ks1 : pl->ks1;
-      const float vs0 = kPack && upper ? pl[1].vs0 : pl->vs0, vs1 = kPack && upper ? pl[1].vs1 : pl->vs1;
+      const float ks0 = upper ? pl[1].ks0 : pl->ks0, ks1 = upper ? pl[1].ks1 : pl->ks1;  // upper implies kPack
+      const float vs0 = upper ? pl[1].vs0 : pl->vs0, vs1 = upper ? pl[1].vs1 : pl->vs1;
       km0 *= ks0;
       km1 *= ks1;
       lv0 = fast_log2(vs0 * a.lvconst);  // kToken parts pass the V factor itself in lvconst
