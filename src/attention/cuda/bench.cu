@@ -244,6 +244,43 @@ Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iters) {
   return c;
 }
 
+namespace {
+
+// The read-only stream kernel over n 16-byte words of src, as graph replays under `timing` (flushing L2
+// with `flush` where the timing asks for a cold L2); the best median over the variants (loads in flight
+// per thread, CTAs per SM).
+struct ReadVariant {
+  int unroll, ctas_per_sm;
+};
+constexpr ReadVariant kReadVariants[] = {{4, 8}, {8, 8}, {4, 16}};
+template <size_t K>
+Result<double> time_read_stream(DeviceBuffer& src, size_t n, DeviceBuffer& sink, const ReadVariant (&variants)[K],
+                                const BenchTiming& timing, DeviceBuffer* flush, const CudaDeviceInfo& dev) {
+  double best_us = 0;
+  for (const ReadVariant v : variants) {
+    Timer t;
+    KVQ_RETURN_IF_ERROR(t.init());
+    Graph g;
+    KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+      const int grid = dev.sm_count * v.ctas_per_sm, block = 2048 / v.ctas_per_sm;
+      const uint4* p = src.as<uint4>();
+      uint32_t* out = sink.as<uint32_t>();
+      if (v.unroll == 4) {
+        read_kernel<4><<<grid, block, 0, s>>>(p, n, 1u, out);
+      } else {
+        read_kernel<8><<<grid, block, 0, s>>>(p, n, 1u, out);
+      }
+      return detail::launch_status("read kernel");
+    }));
+    auto st = time_graph(t, g, timing, flush);
+    if (!st.is_ok()) return st.status();
+    if (best_us == 0 || st->median < best_us) best_us = st->median;
+  }
+  return best_us;
+}
+
+}  // namespace
+
 Result<CopyBandwidth> measure_read_bandwidth(size_t bytes, int iters) {
   auto src = filled_source(bytes);
   if (!src.is_ok()) return src.status();
@@ -251,33 +288,12 @@ Result<CopyBandwidth> measure_read_bandwidth(size_t bytes, int iters) {
   if (!sink.is_ok()) return sink.status();
   auto dev = cuda_device_info();
   if (!dev.is_ok()) return dev.status();
-  const BenchTiming timing = ceiling_timing(iters);
-  double best_us = 0;
-  struct Variant {
-    int unroll, ctas_per_sm;
-  };
-  for (const Variant v : {Variant{4, 8}, Variant{8, 8}, Variant{4, 16}}) {
-    Timer t;
-    KVQ_RETURN_IF_ERROR(t.init());
-    Graph g;
-    KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
-      const int grid = dev->sm_count * v.ctas_per_sm, block = 2048 / v.ctas_per_sm;
-      const uint4* p = src.value().as<uint4>();
-      uint32_t* out = sink.value().as<uint32_t>();
-      if (v.unroll == 4) {
-        read_kernel<4><<<grid, block, 0, s>>>(p, bytes / 16, 1u, out);
-      } else {
-        read_kernel<8><<<grid, block, 0, s>>>(p, bytes / 16, 1u, out);
-      }
-      return detail::launch_status("read kernel");
-    }));
-    auto st = time_graph(t, g, timing, nullptr);
-    if (!st.is_ok()) return st.status();
-    if (best_us == 0 || st->median < best_us) best_us = st->median;
-  }
+  auto best_us = time_read_stream(src.value(), bytes / 16, sink.value(), kReadVariants, ceiling_timing(iters),
+                                  nullptr, dev.value());
+  if (!best_us.is_ok()) return best_us.status();
   CopyBandwidth c;
   c.bytes = static_cast<double>(bytes);
-  c.us_median = best_us;
+  c.us_median = best_us.value();
   c.tb_per_s = c.bytes / (c.us_median * 1e-6) / 1e12;
   return c;
 }
@@ -363,7 +379,6 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
   std::vector<unsigned long long> rows(static_cast<size_t>(n) * kTimelineWords);
   KVQ_RETURN_IF_ERROR(buf.value().download(rows.data(), rows.size() * 8));
   DecodeBenchRow::Timeline tl;
-  tl.measured = true;
   tl.ctas = static_cast<int>(n);
   unsigned long long t0 = ~0ull;
   for (long long i = 0; i < n; ++i) t0 = std::min(t0, rows[i * kTimelineWords]);
@@ -388,29 +403,15 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
 
 // The read-only stream over `bytes` (a fresh buffer, contiguous) under the case's own timing: the same
 // cold L2 and the same size, so its launch, ramp and tail are the ones a decode of those bytes cannot
-// avoid either (the 1 GiB ceiling amortises them). Best of the ceiling's read variants.
+// avoid either (the 1 GiB ceiling amortises them). Best of the ceiling's 4-loads variants (8 and 16 CTAs per SM).
 Result<double> time_same_bytes_read(size_t bytes, const BenchTiming& timing, DeviceBuffer& flush,
                                     const CudaDeviceInfo& dev) {
   auto src = filled_source((bytes + 15) / 16 * 16);
   if (!src.is_ok()) return src.status();
   auto sink = DeviceBuffer::create(16);
   if (!sink.is_ok()) return sink.status();
-  const size_t n = src.value().size() / 16;
-  double best_us = 0;
-  for (const int ctas_per_sm : {8, 16}) {
-    Timer t;
-    KVQ_RETURN_IF_ERROR(t.init());
-    Graph g;
-    KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
-      read_kernel<4><<<dev.sm_count * ctas_per_sm, 2048 / ctas_per_sm, 0, s>>>(src.value().as<uint4>(), n, 1u,
-                                                                             sink.value().as<uint32_t>());
-      return detail::launch_status("read kernel");
-    }));
-    auto st = time_graph(t, g, timing, &flush);
-    if (!st.is_ok()) return st.status();
-    if (best_us == 0 || st->median < best_us) best_us = st->median;
-  }
-  return best_us;
+  constexpr ReadVariant kSameBytesVariants[] = {{4, 8}, {4, 16}};
+  return time_read_stream(src.value(), src.value().size() / 16, sink.value(), kSameBytesVariants, timing, &flush, dev);
 }
 
 Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs, const DecodeBenchOptions& o,

@@ -90,8 +90,7 @@ struct DecodeBenchRow {
   // DecodeBenchOptions::timeline: the decode kernel's CTAs in one cold run (global timer, us after the
   // first CTA's start); the rest of us_median is launch latency and the split merge.
   struct Timeline {
-    bool measured = false;
-    int ctas = 0;
+    int ctas = 0;  // 0: not measured
     double span_us = 0;        // last CTA end
     double last_start_us = 0;  // when the last CTA started (> 0: more CTAs than one wave holds, or a slow launch)
     double first_end_us = 0, median_end_us = 0;
