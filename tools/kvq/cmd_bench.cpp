@@ -186,6 +186,8 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     if (const char* env = std::getenv("KVQ_DECODE_16BIT")) d.ring_16bit = std::string(env) == "register" ? 0 : 1;
     // And for head packing of §18: "0" turns it off (default: the planner's choice).
     if (const char* env = std::getenv("KVQ_DECODE_PACK")) d.packed_heads = std::string(env) == "0" ? 0 : -1;
+    // And for the sink's placement in plans of several waves (§19): "1" deals it over all splits.
+    if (const char* env = std::getenv("KVQ_DECODE_SPREAD_SINK")) d.spread_sink = std::string(env) == "1" ? 1 : std::string(env) == "0" ? 0 : -1;
     d.timeline = o.timeline;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);

@@ -488,6 +488,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   dopts.ring_feed = o.ring_feed;
   dopts.ring_16bit = o.ring_16bit;
   dopts.packed_heads = o.packed_heads;
+  dopts.spread_sink = o.spread_sink;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;

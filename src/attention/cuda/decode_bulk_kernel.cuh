@@ -384,7 +384,10 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   const uint32_t full_s = smem_u32(full), empty_s = smem_u32(empty), ring_s = smem_u32(ring);
 
   if (p.timeline != nullptr && threadIdx.x == 0) sm.t_start = global_ns();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The warp index through a shuffle of lane 0's: the compiler then knows it is warp-uniform, and so are
+  // the ring stages, barriers and page addresses derived from it, which the bulk copies take in uniform
+  // registers: computed there once, not in every lane and moved over per copy (docs/GPU_NOTES.md §19).
+  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0), lane = threadIdx.x % 32;
   const CtaWork w = cta_work(p, p.block_size / kTileTokens);
   if (w.empty()) {
     store_empty(p, w, D);

@@ -129,9 +129,10 @@ struct Path {
       a0 = prmt(a[jj], b[jj], 0x5410);
       a1 = prmt(a[jj], b[jj], 0x7632);
     } else if constexpr (kInt4) {
-      // Byte jj % 4 of word jj / 4 holds dims 2jj (low nibble) and 2jj+1 (high nibble).
-      const int w = jj >> 2;
-      const uint32_t x = prmt(a[w], b[w], (jj & 2) ? 0x7632 : 0x5410) >> (8 * (jj & 1));  // [a_k, ., b_k, .]
+      // Byte k = jj % 4 of word jj / 4 holds dims 2jj (low nibble) and 2jj+1 (high nibble); one PRMT
+      // puts a's byte k at byte 0 and b's at byte 2 (no shift for odd k).
+      const int w = jj >> 2, k = jj & 3;
+      const uint32_t x = prmt(a[w], b[w], k | (k << 4) | ((k + 4) << 8) | ((k + 4) << 12));  // [a_k, a_k, b_k, b_k]
       a0 = int4x2_to_half2(x);
       a1 = int4x2_hi_to_half2(x);
     } else {

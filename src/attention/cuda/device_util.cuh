@@ -177,8 +177,16 @@ __device__ __forceinline__ uint32_t biased_u8x2_to_half2(uint32_t two_bytes_with
 // Two int4 codes, the nibbles at bits 0-3 and 16-19 of `w` (other bits ignored) -> fp16x2, exact.
 // Flipping a two's complement nibble's top bit gives u = code + 8 (0..15), and 0x6400 | u is the
 // half 1024 + u, so one LOP3 (mask, flip, magic) and one HSUB2 of 1032 leave the code.
+// (a & b) ^ c in one LOP3. Written as C++ with two immediates, the compiler emitted an AND and an XOR
+// (a LOP3 takes one immediate): 64 of int4's 520 instructions per page (docs/GPU_NOTES.md §19).
+__device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
 __device__ __forceinline__ uint32_t int4x2_to_half2(uint32_t w) {
-  uint32_t x = (w & 0x000f000fu) ^ 0x64086408u;
+  uint32_t x = and_xor(w, 0x000f000fu, 0x64086408u);
   const __half2 magic = __halves2half2(__ushort_as_half(0x6408), __ushort_as_half(0x6408));  // 1032
   __half2 h = *reinterpret_cast<__half2*>(&x);
   h = __hsub2(h, magic);
@@ -189,7 +197,7 @@ __device__ __forceinline__ uint32_t int4x2_to_half2(uint32_t w) {
 // 1024 + 16 u, and (1024 + 16 u) / 16 - 72 = u - 8 is exact in one HFMA2 (every intermediate is a
 // multiple of 1/16 below 2^11).
 __device__ __forceinline__ uint32_t int4x2_hi_to_half2(uint32_t w) {
-  uint32_t x = (w & 0x00f000f0u) ^ 0x64806480u;
+  uint32_t x = and_xor(w, 0x00f000f0u, 0x64806480u);
   const __half2 sixteenth = __halves2half2(__ushort_as_half(0x2c00), __ushort_as_half(0x2c00));  // 1/16
   const __half2 neg72 = __halves2half2(__ushort_as_half(0xd480), __ushort_as_half(0xd480));      // -72
   __half2 h = *reinterpret_cast<__half2*>(&x);

@@ -63,6 +63,7 @@ struct DecodeBenchOptions {
   RingFeed ring_feed = RingFeed::kAuto;  // 8- and 4-bit caches: DecodeOptions::ring_feed
   int ring_16bit = -1;    // bf16/fp16: DecodeOptions::ring_16bit (-1: the planner's choice)
   int packed_heads = -1;  // 8- and 4-bit caches: DecodeOptions::packed_heads (-1: the planner's choice)
+  int spread_sink = -1;   // DecodeOptions::spread_sink (-1: the planner's choice)
   bool timeline = false;  // one more cold run per case with DecodePlan::cta_timeline (DecodeBenchRow::timeline)
   uint64_t seed = 1;
   BenchTiming timing;
