@@ -174,25 +174,26 @@ __device__ __forceinline__ int scale_sub(const RingAddr& r, int page) {
   return static_cast<int>((((static_cast<size_t>(page) * r.nkv + r.head) * r.scale_bytes) & 15) / r.scale_bytes);
 }
 
-// Lane 0: requests page `page` (K tile, V tile, then the K and V scale runs) into the page slot at
-// shared address `slot`, completing on the barrier at `bar` (whose expected bytes the caller set).
+// Requests page `page` (K tile, V tile, then the K and V scale runs) into the page slot at shared
+// address `slot`, completing on the barrier at `bar` (whose expected bytes the caller set). The whole
+// warp calls it (converged, warp-uniform operands: warp_uniform) and one elected lane issues the copies.
 template <ScaleMode SM>
 __device__ __forceinline__ void request_page(const DecodeParams& p, const RingAddr& r, int page, uint32_t slot,
                                              uint32_t bar) {
   const PageSource src = page_source<SM>(r, page);
-  bulk_copy_g2s(slot, p.k_codes + src.codes, r.tile, bar);
-  bulk_copy_g2s(slot + r.tile, p.v_codes + src.codes, r.tile, bar);
+  warp_bulk_copy_g2s(slot, p.k_codes + src.codes, r.tile, bar);
+  warp_bulk_copy_g2s(slot + r.tile, p.v_codes + src.codes, r.tile, bar);
   if constexpr (SM == ScaleMode::kToken) {
-    bulk_copy_g2s(slot + 2 * r.tile, static_cast<const uint8_t*>(p.k_scales) + src.scales, r.sbytes, bar);
-    bulk_copy_g2s(slot + 2 * r.tile + r.sbytes, static_cast<const uint8_t*>(p.v_scales) + src.scales, r.sbytes, bar);
+    warp_bulk_copy_g2s(slot + 2 * r.tile, static_cast<const uint8_t*>(p.k_scales) + src.scales, r.sbytes, bar);
+    warp_bulk_copy_g2s(slot + 2 * r.tile + r.sbytes, static_cast<const uint8_t*>(p.v_scales) + src.scales, r.sbytes, bar);
   }
 }
-// Lane 0: requests a unit's pages (page1 < 0: the unit has one page) into the stage at `stage`.
+// Requests a unit's pages (page1 < 0: the unit has one page) into the stage at `stage`; the whole warp calls it.
 template <ScaleMode SM>
 __device__ __forceinline__ void request_unit(const DecodeParams& p, const RingAddr& r, int page0, int page1,
                                              uint32_t stage, uint32_t bar) {
   const uint32_t page_bytes = 2 * r.tile + 2 * r.sbytes;
-  mbar_arrive_expect_tx(bar, page1 >= 0 ? 2 * page_bytes : page_bytes);
+  warp_mbar_arrive_expect_tx(bar, page1 >= 0 ? 2 * page_bytes : page_bytes);
   request_page<SM>(p, r, page0, stage, bar);
   if (page1 >= 0) request_page<SM>(p, r, page1, stage + r.page_slot, bar);
 }
@@ -265,9 +266,14 @@ __device__ __forceinline__ void attend_unit(const DecodeParams& p, const CtaWork
   }
 }
 
+// A warp-uniform value as the compiler can see it: lane 0's copy (a shuffle from a run-time lane is
+// uniform too, but only a constant source lane tells the compiler so). Addresses computed from it stay in
+// uniform registers, which the bulk copies take directly (docs/GPU_NOTES.md §19).
+__device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
+
 // ---- Feed::kSelf ----------------------------------------------------------------------------------
 
-// The warp's first S / kDecodeWarps units, requested by lane 0 (before the sink, which they overlap).
+// The warp's first S / kDecodeWarps units, requested by the warp (before the sink, which they overlap).
 template <Format F, int D, ScaleMode SM>
 __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, uint32_t full, int* page_ids,
                            uint32_t ring, int warp, int lane) {
@@ -276,12 +282,11 @@ __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAd
   const int ids = wu.window(warp, 0, lane);  // R <= 4 units in one load, not R loads in a row
   for (int k = 0; k < R && k < wu.count; ++k) {
     const int s = warp + kDecodeWarps * k;
-    const int page0 = __shfl_sync(0xffffffffu, ids, WarpUnits::entry(k, 0, ra.ppu_log));
-    const int page1 = ra.ppu_log ? __shfl_sync(0xffffffffu, ids, WarpUnits::entry(k, 1, ra.ppu_log)) : -1;
-    if (lane == 0) {
-      page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
-      request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
-    }
+    const int page0 = warp_uniform(__shfl_sync(0xffffffffu, ids, WarpUnits::entry(k, 0, ra.ppu_log)));
+    const int page1 = ra.ppu_log ? warp_uniform(__shfl_sync(0xffffffffu, ids, WarpUnits::entry(k, 1, ra.ppu_log))) : -1;
+    if (lane == 0) page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
+    __syncwarp();  // the ids before the barrier's arrival, which the elected lane makes
+    request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
   }
 }
 
@@ -306,8 +311,8 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
       ids_next = wu.window(warp, kb + per, lane);
     }
     const bool refill = k + R < wu.count;
-    const int page0 = __shfl_sync(0xffffffffu, ids, WarpUnits::entry(k + R - kb, 0, ra.ppu_log));
-    const int page1 = ra.ppu_log ? __shfl_sync(0xffffffffu, ids, WarpUnits::entry(k + R - kb, 1, ra.ppu_log)) : -1;
+    const int page0 = warp_uniform(__shfl_sync(0xffffffffu, ids, WarpUnits::entry(k + R - kb, 0, ra.ppu_log)));
+    const int page1 = ra.ppu_log ? warp_uniform(__shfl_sync(0xffffffffu, ids, WarpUnits::entry(k + R - kb, 1, ra.ppu_log))) : -1;
     mbar_wait(full + 8 * s, phase);
     const uint32_t stage_off = static_cast<uint32_t>(s) * p.stage_bytes;
     attend_unit<F, D, SM, SD, PT, kPack>(p, w, ra, a, qf, ring + stage_off, page_ids + 2 * s, warp + kDecodeWarps * k, lane,
@@ -316,8 +321,11 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
     // overwrites it.
     fence_proxy_async_smem();
     __syncwarp();
-    if (lane == 0 && refill) {
-      if constexpr (SM == ScaleMode::kToken && !PT) page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
+    if (refill) {  // warp-uniform: the whole warp requests, one elected lane issues
+      if constexpr (SM == ScaleMode::kToken && !PT) {
+        if (lane == 0) page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
+        __syncwarp();  // the ids before the barrier's arrival, which the elected lane makes
+      }
       request_unit<SM>(p, ra, page0, page1, ring_s + stage_off, full + 8 * s);
     }
     s += kDecodeWarps;
@@ -327,7 +335,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
 
 // ---- Feed::kProducer ------------------------------------------------------------------------------
 
-// The producer warp: page ids 32 at a time (one per lane), lane 0 requests the units in order.
+// The producer warp: page ids 32 at a time (one per lane), the units requested in order.
 template <Format F, int D, ScaleMode SM>
 __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, uint32_t full, uint32_t empty,
                         int* page_ids, uint32_t ring, int lane) {
@@ -339,13 +347,12 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr&
     const int mine = base + lane < n_pages ? __ldg(table + base + lane) : -1;
     const int n = min(32, n_pages - base);
     for (int j = 0; j < n; j += ppu) {  // 32 is a whole number of units
-      const int page0 = __shfl_sync(0xffffffffu, mine, j);
-      const int page1 = ppu == 2 ? __shfl_sync(0xffffffffu, mine, j + 1) : -1;
-      if (lane == 0) {
-        if (use > 0) mbar_wait(empty + 8 * s, (use - 1) & 1);
-        page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
-        request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
-      }
+      const int page0 = warp_uniform(__shfl_sync(0xffffffffu, mine, j));
+      const int page1 = ppu == 2 ? warp_uniform(__shfl_sync(0xffffffffu, mine, j + 1)) : -1;
+      if (use > 0) mbar_wait(empty + 8 * s, (use - 1) & 1);
+      if (lane == 0) page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
+      __syncwarp();  // the ids before the barrier's arrival, which the elected lane makes
+      request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
       if (++s == S) s = 0, ++use;
     }
   }
@@ -387,7 +394,7 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   // The warp index through a shuffle of lane 0's: the compiler then knows it is warp-uniform, and so are
   // the ring stages, barriers and page addresses derived from it, which the bulk copies take in uniform
   // registers: computed there once, not in every lane and moved over per copy (docs/GPU_NOTES.md §19).
-  const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 32), 0), lane = threadIdx.x % 32;
+  const int warp = warp_uniform(static_cast<int>(threadIdx.x / 32)), lane = threadIdx.x % 32;
   const CtaWork w = cta_work(p, p.block_size / kTileTokens);
   if (w.empty()) {
     store_empty(p, w, D);

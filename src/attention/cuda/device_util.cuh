@@ -84,9 +84,6 @@ __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier
 
 // The operations below take shared-window addresses (smem_u32 of a barrier or a ring slot), which a
 // page loop converts once instead of on every use.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
@@ -107,11 +104,23 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 // Orders this thread's earlier generic-proxy accesses of shared memory (plain loads of a ring stage)
 // before later async-proxy ones (a bulk copy refilling that stage).
 __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// dst, src and bytes must be multiples of 16.
-__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar)
-               : "memory");
+// A bulk copy of `bytes` from global to shared memory completing on the barrier at `bar` (dst, src and
+// bytes multiples of 16), and the barrier's arrival that expects `bytes`. The whole converged warp calls
+// them with warp-uniform operands and one lane (elect.sync) issues each: the copy then takes its operands
+// from uniform registers as they are. Called from one lane (`if (lane == 0)`), every copy sat in a loop
+// over the active lanes that moved its operands there (docs/GPU_NOTES.md §19).
+__device__ __forceinline__ void warp_bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\telect.sync _|p, 0xffffffff;\n\t"
+      "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n\t}\n" ::"r"(dst),
+      "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void warp_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\telect.sync _|p, 0xffffffff;\n\t"
+      "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n\t}\n" ::"r"(bar), "r"(bytes)
+      : "memory");
 }
 
 // ---- packing -------------------------------------------------------------------------------------
