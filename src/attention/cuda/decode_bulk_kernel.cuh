@@ -58,27 +58,52 @@ KVQ_HD int bulk_stage_bytes(const cache::CacheGeometry& g) {
   return static_cast<int>(cache::align_up(static_cast<size_t>(2 * tile + 2 * bulk_scale_bytes(g)), 128));
 }
 
-// PT: per_token_head scale runs (else per_block_head: one scale per page, at scale_sub of its chunk).
-template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
-__device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in_page, int bs, int scale_sub,
-                                               int lane, Payload<F, D>& pl) {
+// A lane's byte offsets within a page slot of the ring (its K piece, V row and scale pair in tile 0),
+// fixed for the CTA: computed once, the per-tile address is then a warp-uniform offset plus these, which
+// the shared-memory loads take as [register + uniform register + immediate] (with the lane's row
+// recomputed per tile, the address arithmetic had cost ~35 instructions per int4 page, GPU_NOTES §19).
+struct SmemLane {
+  uint32_t k, v;  // K piece t of token g; V row 2t at lane g's dims (the row 2t + 1 follows at + kRow)
+  uint32_t ks;    // per_token_head: the K scale of token 2t; per_block_head: the K scale chunk
+  uint32_t vs;    // per_token_head: the V scale of token 2t; per_block_head: unused
+};
+template <Format F, int D, ScaleDtype SD, bool PT>
+__device__ __forceinline__ SmemLane smem_lane(int bs, int lane) {
   constexpr int kKW = TileShape<F, D>::kKWords, kVW = TileShape<F, D>::kVWords;
   constexpr int kRow = D * Path<F>::kBits / 8;  // bytes of one token's codes
+  constexpr int kPiece = kKW == 2 ? 8 : 16;
+  constexpr int kScale = SD == ScaleDtype::kFp16 ? 2 : 4;
   const int g = lane >> 2, t = lane & 3;
-  const int slot0 = tile_in_page * kTileTokens;
-  const uint8_t* krow = stage + (slot0 + g) * kRow;
+  SmemLane ln;
+  ln.k = static_cast<uint32_t>(g * kRow + t * kPiece);
+  ln.v = static_cast<uint32_t>(bs * kRow + 2 * t * kRow + g * (kVW * 4));
+  const uint32_t scales = static_cast<uint32_t>(2 * bs * kRow);  // K scale run (or chunk), then the V one
+  ln.ks = PT ? scales + static_cast<uint32_t>(2 * t * kScale) : scales;
+  ln.vs = ln.ks + static_cast<uint32_t>(bs * kScale);
+  return ln;
+}
+
+// PT: per_token_head scale runs (else per_block_head: one scale per page, at scale_sub of its chunk).
+// `page`: the page's slot in the ring stage; tile_in_page: which 8 tokens of it.
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT>
+__device__ __forceinline__ void load_tile_smem(const uint8_t* page, int tile_in_page, const SmemLane& ln, int scale_sub,
+                                               Payload<F, D>& pl) {
+  constexpr int kKW = TileShape<F, D>::kKWords, kVW = TileShape<F, D>::kVWords;
+  constexpr int kRow = D * Path<F>::kBits / 8;  // bytes of one token's codes
+  const uint8_t* codes = page + tile_in_page * (kTileTokens * kRow);  // warp-uniform
+  const uint8_t* krow = codes + ln.k;
   // Pieces t, t+4, ... of the row (Path::k_elem): 16 bytes, or the lane's whole 8-byte share (int4 D64).
   if constexpr (kKW == 2) {
-    const uint2 w = *reinterpret_cast<const uint2*>(krow + t * 8);
+    const uint2 w = *reinterpret_cast<const uint2*>(krow);
     pl.k[0] = w.x, pl.k[1] = w.y;
   } else {
 #pragma unroll
     for (int j = 0; j < kKW / 4; ++j) {
-      const uint4 w = *reinterpret_cast<const uint4*>(krow + (t + 4 * j) * 16);
+      const uint4 w = *reinterpret_cast<const uint4*>(krow + j * 64);
       pl.k[4 * j] = w.x, pl.k[4 * j + 1] = w.y, pl.k[4 * j + 2] = w.z, pl.k[4 * j + 3] = w.w;
     }
   }
-  const uint8_t* va = stage + bs * kRow + (slot0 + 2 * t) * kRow + g * (kVW * 4);
+  const uint8_t* va = codes + ln.v;
   const uint8_t* vb = va + kRow;
   if constexpr (kVW == 1) {
     pl.va[0] = *reinterpret_cast<const uint32_t*>(va), pl.vb[0] = *reinterpret_cast<const uint32_t*>(vb);
@@ -94,21 +119,23 @@ __device__ __forceinline__ void load_tile_smem(const uint8_t* stage, int tile_in
     }
   }
   if constexpr (SM == ScaleMode::kToken) {
-    const uint8_t* ks = stage + 2 * bs * kRow;  // K scale run, then the V run
     if constexpr (PT) {
       // Slots slot0 + 2t and + 1: adjacent in the run, one 8-byte (fp32) or 4-byte (fp16) read each.
+      constexpr int kScale = SD == ScaleDtype::kFp16 ? 2 : 4;
+      const uint8_t* sc = page + tile_in_page * (kTileTokens * kScale);  // warp-uniform
       if constexpr (SD == ScaleDtype::kFp16) {
-        const float2 k = __half22float2(*reinterpret_cast<const __half2*>(ks + (slot0 + 2 * t) * 2));
-        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(ks + (bs + slot0 + 2 * t) * 2));
+        const float2 k = __half22float2(*reinterpret_cast<const __half2*>(sc + ln.ks));
+        const float2 v = __half22float2(*reinterpret_cast<const __half2*>(sc + ln.vs));
         pl.ks0 = k.x, pl.ks1 = k.y, pl.vs0 = v.x, pl.vs1 = v.y;
       } else {
-        const float2 k = *reinterpret_cast<const float2*>(ks + (slot0 + 2 * t) * 4);
-        const float2 v = *reinterpret_cast<const float2*>(ks + (bs + slot0 + 2 * t) * 4);
+        const float2 k = *reinterpret_cast<const float2*>(sc + ln.ks);
+        const float2 v = *reinterpret_cast<const float2*>(sc + ln.vs);
         pl.ks0 = k.x, pl.ks1 = k.y, pl.vs0 = v.x, pl.vs1 = v.y;
       }
     } else {
       // The page's scale at scale_sub of its 16-byte chunk; the V chunk follows the K chunk.
       constexpr int kChunk = SD == ScaleDtype::kFp16 ? 8 : 4;
+      const uint8_t* ks = page + ln.ks;
       pl.ks0 = pl.ks1 = cache::load_scale<SD>(ks, scale_sub);
       pl.vs0 = pl.vs1 = cache::load_scale<SD>(ks, kChunk + scale_sub);
     }
@@ -239,10 +266,10 @@ __device__ __forceinline__ WarpUnits warp_units(const DecodeParams& p, const Cta
 // whatever it held, which the mask removes, V zeroed for floating-point codes).
 template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
 __device__ __forceinline__ void attend_unit(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
-                                            const uint4* qf, const uint8_t* stage, const int* ids, int u, int lane,
-                                            State<D>& st) {
+                                            const uint4* qf, const uint8_t* stage, const int* ids, int u,
+                                            const SmemLane& ln, int lane, State<D>& st) {
   constexpr int N = TileShape<F, D>::kRingStepTiles;
-  const int bs = p.block_size, unit_tiles = 1 << (ra.tpp_log + ra.ppu_log);
+  const int unit_tiles = 1 << (ra.tpp_log + ra.ppu_log);
   const int tile0 = (w.first_page + (u << ra.ppu_log)) << ra.tpp_log;
   auto steps = [&](auto masked) {
     constexpr bool kMask = decltype(masked)::value;
@@ -254,7 +281,7 @@ __device__ __forceinline__ void attend_unit(const DecodeParams& p, const CtaWork
         const int j = kt + n, pj = j >> ra.tpp_log;
         int sub = -1;
         if constexpr (SM == ScaleMode::kToken && !PT) sub = detail::scale_sub(ra, ids[pj]);
-        load_tile_smem<F, D, SM, SD, PT>(stage + pj * ra.page_slot, j & ((1 << ra.tpp_log) - 1), bs, sub, lane, pl[n]);
+        load_tile_smem<F, D, SM, SD, PT>(stage + pj * ra.page_slot, j & ((1 << ra.tpp_log) - 1), ln, sub, pl[n]);
       }
       compute_tiles<F, D, SM, N, kMask, kPack>(pl, qf, a, tile0 + kt, lane, st);
     }
@@ -297,6 +324,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
   const int S = p.ring_stages, R = S / kDecodeWarps;
   const WarpUnits wu = warp_units(p, w, ra, warp);
   const uint32_t ring_s = smem_u32(ring);
+  const SmemLane ln = smem_lane<F, D, SD, PT>(p.block_size, lane);
   const int per = 32 >> ra.ppu_log;  // units per window
   // The warp's k-th unit is split unit warp + 4k, in stage warp + 4 (k % R), phase (k / R) & 1:
   // stepped, never divided (a division by the run-time S sat on the path from page to page).
@@ -315,8 +343,8 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
     const int page1 = ra.ppu_log ? warp_uniform(__shfl_sync(0xffffffffu, ids, WarpUnits::entry(k + R - kb, 1, ra.ppu_log))) : -1;
     mbar_wait(full + 8 * s, phase);
     const uint32_t stage_off = static_cast<uint32_t>(s) * p.stage_bytes;
-    attend_unit<F, D, SM, SD, PT, kPack>(p, w, ra, a, qf, ring + stage_off, page_ids + 2 * s, warp + kDecodeWarps * k, lane,
-                                         st);
+    attend_unit<F, D, SM, SD, PT, kPack>(p, w, ra, a, qf, ring + stage_off, page_ids + 2 * s, warp + kDecodeWarps * k, ln,
+                                         lane, st);
     // Every lane's reads of the stage (their values are consumed above) before the copy engine
     // overwrites it.
     fence_proxy_async_smem();
@@ -363,12 +391,13 @@ __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const 
                                  const uint4* qf, uint32_t full, uint32_t empty, const int* page_ids,
                                  const uint8_t* ring, int warp, int lane, State<D>& st) {
   const int S = p.ring_stages, n_units = split_units(w, ra);
+  const SmemLane ln = smem_lane<F, D, SD, PT>(p.block_size, lane);
   int s = warp;
   uint32_t phase = 0;
   for (int u = warp; u < n_units; u += kDecodeWarps) {
     mbar_wait(full + 8 * s, phase);
     attend_unit<F, D, SM, SD, PT, kPack>(p, w, ra, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids + 2 * s,
-                                         u, lane, st);
+                                         u, ln, lane, st);
     mbar_arrive(empty + 8 * s);  // every lane: each releases its own reads of the stage
     s += kDecodeWarps;
     if (s >= S) s -= S, phase ^= 1u;
