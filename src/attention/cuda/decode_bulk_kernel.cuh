@@ -16,14 +16,15 @@
 // The split's pages i = 0, 1, ... are dealt to the four attending warps round robin (warp i % 4),
 // page i in stage s = i % S, phase (i / S) & 1; S is a multiple of 4, so a stage always serves the
 // same warp. Who refills a stage is the kernel's Feed (chosen per plan, decode.cu):
-//   kSelf      the attending warp itself: after reading page i, its lane 0 requests page i + S
-//              into the same stage (no extra warp, so one more CTA per SM at head_dim 128: the
-//              better choice when many CTAs share the SMs)
+//   kSelf      the attending warp itself: after reading page i, it requests page i + S into the
+//              same stage (no extra warp, so one more CTA per SM at head_dim 128: the better
+//              choice when many CTAs share the SMs)
 //   kProducer  a fifth warp: waits on the stage's "empty" barrier (the attending warp's 32 lanes
-//              arrive after their reads), then requests the next page; its lane 0 spends the
-//              request latency instead of the attending warp (better when a plan has few CTAs,
-//              each a long chain of pages)
-// Either way a request is arrive.expect_tx(full[s]) and the page's copies, and the attending warp
+//              arrive after their reads), then requests the next page; it spends the request
+//              latency instead of the attending warp (better when a plan has few CTAs, each a long
+//              chain of pages)
+// Either way a request is arrive.expect_tx(full[s]) and the page's copies, made by the whole warp
+// with warp-uniform operands and issued by one elected lane (request_unit), and the attending warp
 // waits on full[s]. Numerics are the register kernel's: the warps build the same fragments
 // (Payload) from shared memory and run the same compute_tiles, two tiles per softmax step.
 #include <type_traits>
