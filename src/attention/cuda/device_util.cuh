@@ -183,9 +183,6 @@ __device__ __forceinline__ uint32_t biased_u8x2_to_half2(uint32_t two_bytes_with
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// Two int4 codes, the nibbles at bits 0-3 and 16-19 of `w` (other bits ignored) -> fp16x2, exact.
-// Flipping a two's complement nibble's top bit gives u = code + 8 (0..15), and 0x6400 | u is the
-// half 1024 + u, so one LOP3 (mask, flip, magic) and one HSUB2 of 1032 leave the code.
 // (a & b) ^ c in one LOP3. Written as C++ with two immediates, the compiler emitted an AND and an XOR
 // (a LOP3 takes one immediate): 64 of int4's 520 instructions per page (docs/GPU_NOTES.md §19).
 __device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t b, uint32_t c) {
@@ -194,6 +191,9 @@ __device__ __forceinline__ uint32_t and_xor(uint32_t a, uint32_t b, uint32_t c) 
   return d;
 }
 
+// Two int4 codes, the nibbles at bits 0-3 and 16-19 of `w` (other bits ignored) -> fp16x2, exact.
+// Flipping a two's complement nibble's top bit gives u = code + 8 (0..15), and 0x6400 | u is the
+// half 1024 + u, so one LOP3 (mask, flip, magic) and one HSUB2 of 1032 leave the code.
 __device__ __forceinline__ uint32_t int4x2_to_half2(uint32_t w) {
   uint32_t x = and_xor(w, 0x000f000fu, 0x64086408u);
   const __half2 magic = __halves2half2(__ushort_as_half(0x6408), __ushort_as_half(0x6408));  // 1032
