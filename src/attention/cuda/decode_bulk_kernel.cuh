@@ -451,6 +451,10 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
     run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
     if constexpr (kPack) pack_state(st, lane);
     PartArgs a = main_args<SM>(p, w, unscale);
+    if constexpr (Path<F>::kInt4) {  // the K codes' offset and unit (Path::kInt4KeyUnit)
+      a.kconst *= 1.f / Path<F>::kInt4KeyUnit;
+      a.kbias = int4_key_bias<D>(sm.qf[0], lane);
+    }
     a.n_tokens = min(a.n_tokens, w.main_t1 * kTileTokens);  // the split's end (attend_unit)
     // One branch on the scale dtype and layout here instead of one per scale read in the page loop.
     bool half_scales = false, per_token = true;

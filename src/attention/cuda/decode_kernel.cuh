@@ -87,6 +87,14 @@ struct Path {
   static constexpr bool kBf16Mma = F == Format::kBf16;
   static constexpr bool kInt4 = F == Format::kInt4;
   static constexpr bool kFiniteCodes = format_traits(F).kind == CodeKind::kInteger;  // no code decodes to NaN/inf
+  // int4 K codes reach the QK mmas as subnormal halves of u = code + 8 (int4x2_to_subnormal_half2): a
+  // low nibble is u * 2^-24 (kInt4KeyUnit), a high nibble u * 2^-20. build_q_frags divides the query
+  // entries that meet high nibbles (rows r = 2, 3) by 16, so every product is q u 2^-24; the
+  // accumulators start at -8 * 2^-24 * sum(q) (int4_key_bias), which leaves 2^-24 q.code, and
+  // PartArgs::kconst carries the 2^24. The offset is a term of one dot product (of the size of the
+  // logit or a few times it), not a sum over tokens, so the logits stay fp32-accurate; it saves the
+  // HSUB2/HFMA2 per K pair, 32 of int4's 405 instructions per 16-token page.
+  static constexpr float kInt4KeyUnit = 0x1p-24f;
 
   // Head-dim element that lane t's K words feed to contraction row r of QK mma M, r = 0..3 for the
   // rows 2t, 2t+1, 2t+8, 2t+9 (what build_q_frags puts there). Lane t holds K pieces t, t+4, ...
@@ -110,8 +118,8 @@ struct Path {
       b1 = kw[2 * M + 1];
     } else if constexpr (kInt4) {
       const uint32_t x = kw[M >> 1] >> (8 * (M & 1));
-      b0 = int4x2_to_half2(x);
-      b1 = int4x2_hi_to_half2(x);
+      b0 = int4x2_to_subnormal_half2(x);
+      b1 = int4x2_hi_to_subnormal_half2(x);
     } else if constexpr (F == Format::kInt8) {
       const uint32_t u = kw[M] ^ 0x80808080u;
       b0 = biased_u8x2_to_half2(prmt(u, 0x64646464u, 0x4140));
@@ -201,8 +209,9 @@ struct PartArgs {
   const int32_t* table;  // this sequence's row
   int n_tokens;          // tokens in the part
   int tile_begin, tile_end;  // tiles of this CTA within the part
-  float kconst;          // logit multiplier (2^-e, fnuz, tensor scale)
+  float kconst;          // logit multiplier (2^-e, fnuz, tensor scale; int4: 2^24, Path::kInt4KeyUnit)
   float lvconst;         // log2 of the constant V factor
+  float kbias = 0.f;     // int4: the QK accumulators' start (int4_key_bias)
 };
 
 template <Format F, int D, ScaleMode SM>
@@ -271,7 +280,7 @@ __device__ __forceinline__ void compute_tiles(const Payload<F, D>* pl_in, const 
   // Logits of head g for tokens 2t, 2t+1 of each tile.
   float c[N][4];
 #pragma unroll
-  for (int n = 0; n < N; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
+  for (int n = 0; n < N; ++n) c[n][0] = c[n][1] = P::kInt4 ? a.kbias : 0.f, c[n][2] = c[n][3] = 0.f;
 #pragma unroll
   for (int M = 0; M < D / 16; ++M) {
     const uint4 qa = qf[M * 32 + lane];
@@ -540,6 +549,7 @@ __device__ void build_q_frags(const float* q_rows, int valid_heads, float qscale
     if (g < valid_heads) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) x[r] = q_rows[g * D + Path<F>::template k_elem<D>(M, t, r)] * qscale;
+      if constexpr (Path<F>::kInt4) x[2] *= 0.0625f, x[3] *= 0.0625f;  // rows of high nibbles (Path::kInt4KeyUnit)
     }
     uint4 r;
     split2<kBf16>(x[0], x[1], r.x, r.y);
@@ -646,6 +656,24 @@ __device__ __forceinline__ void init_state(State<D>& st) {
   st.m = -__builtin_huge_valf(), st.l = 0.f, st.mv = -__builtin_huge_valf();
 #pragma unroll
   for (int jj = 0; jj < D / 16; ++jj) st.o[jj][0] = st.o[jj][1] = st.o[jj][2] = st.o[jj][3] = 0.f;
+}
+
+// int4 (Path::kInt4KeyUnit): -8 * 2^-24 times head g's query summed as its fp16 fragments carry it
+// (high-nibble entries back at full size), the start of lane (g, t)'s QK accumulators.
+template <int D>
+__device__ __forceinline__ float int4_key_bias(const uint4* qf, int lane) {
+  float lo = 0.f, hi = 0.f;
+#pragma unroll
+  for (int M = 0; M < D / 16; ++M) {
+    const uint4 r = qf[M * 32 + lane];
+    const float2 a = unpack_half2(r.x), b = unpack_half2(r.y), c = unpack_half2(r.z), d = unpack_half2(r.w);
+    lo += (a.x + a.y) + (b.x + b.y);
+    hi += (c.x + c.y) + (d.x + d.y);
+  }
+  float sum = lo + 16.f * hi;
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  return -8.f * Path<Format::kInt4>::kInt4KeyUnit * sum;
 }
 
 // The bf16 sink tiles of this split, through the register path (they are few and 16-bit).

@@ -214,6 +214,20 @@ __device__ __forceinline__ uint32_t int4x2_hi_to_half2(uint32_t w) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// int4 K codes for the QK contraction: the nibbles at bits 0-3 and 16-19 of `w` -> fp16x2 in one
+// LOP3. The flipped nibble u = code + 8 (as above) as the bits of a half is the subnormal u * 2^-24,
+// exactly; the offset 8 and the unit 2^-24 are removed per head and per logit instead of per code
+// (decode_kernel.cuh, Path<kInt4>::k_frag). The V codes keep the exact conversion above: in the PV
+// sums an offset would accumulate over the tokens (docs/GPU_NOTES.md §20).
+__device__ __forceinline__ uint32_t int4x2_to_subnormal_half2(uint32_t w) {
+  return and_xor(w, 0x000f000fu, 0x00080008u);
+}
+
+// The same for the nibbles at bits 4-7 and 20-23, not shifted down: 16 u * 2^-24 = u * 2^-20.
+__device__ __forceinline__ uint32_t int4x2_hi_to_subnormal_half2(uint32_t w) {
+  return and_xor(w, 0x00f000f0u, 0x00800080u);
+}
+
 // ---- misc ----------------------------------------------------------------------------------------
 
 // 2^x by the hardware approximation (within 2 ulp, like exp2f), results below 2^-126 flushed to 0:
