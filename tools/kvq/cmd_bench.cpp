@@ -188,6 +188,8 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     if (const char* env = std::getenv("KVQ_DECODE_PACK")) d.packed_heads = std::string(env) == "0" ? 0 : -1;
     // And for the sink's placement in plans of several waves (§19): "1" deals it over all splits.
     if (const char* env = std::getenv("KVQ_DECODE_SPREAD_SINK")) d.spread_sink = std::string(env) == "1" ? 1 : std::string(env) == "0" ? 0 : -1;
+    // And for the merge's programmatic launch (§21): 0 a plain kernel after the decode, 1 overlapped.
+    if (const char* env = std::getenv("KVQ_DECODE_OVERLAP_MERGE")) d.overlap_merge = std::atoi(env);
     d.timeline = o.timeline;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);
@@ -232,20 +234,26 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     }
     if (o.timeline) {
       std::printf("\ndecode kernel CTAs in one cold run (us after the first CTA's start; the rest of the median is launch"
-                  " and merge)\n%-30s %-13s %3s %6s %10s %8s %10s %9s %9s %9s\n",
-                  "shape", "format", "bs", "ctas", "median_us", "span", "last_start", "first_end", "med_end", "mean_cta");
+                  " and merge; ramp/pages/tail: a CTA's mean time to its first main page, in them, after them)\n"
+                  "%-30s %-13s %3s %6s %10s %8s %10s %9s %9s %9s %7s %7s %7s\n",
+                  "shape", "format", "bs", "ctas", "median_us", "span", "last_start", "first_end", "med_end", "mean_cta",
+                  "ramp", "pages", "tail");
       for (size_t i = 0; i < rows.value().size(); ++i) {
         const auto& r = rows.value()[i];
         const auto& tl = r.timeline;
-        std::printf("%-30s %-13s %3d %6d %10.2f %8.2f %10.2f %9.2f %9.2f %9.2f\n", r.shape.label().c_str(),
-                    format_name(r.format), r.block_size, tl.ctas, r.us_median, tl.span_us, tl.last_start_us,
-                    tl.first_end_us, tl.median_end_us, tl.mean_cta_us);
+        std::printf("%-30s %-13s %3d %6d %10.2f %8.2f %10.2f %9.2f %9.2f %9.2f %7.2f %7.2f %7.2f\n",
+                    r.shape.label().c_str(), format_name(r.format), r.block_size, tl.ctas, r.us_median, tl.span_us,
+                    tl.last_start_us, tl.first_end_us, tl.median_end_us, tl.mean_cta_us, tl.mean_ramp_us,
+                    tl.mean_pages_us, tl.mean_tail_us);
         arr[i]["timeline"] = {{"ctas", tl.ctas},
                               {"span_us", tl.span_us},
                               {"last_start_us", tl.last_start_us},
                               {"first_end_us", tl.first_end_us},
                               {"median_end_us", tl.median_end_us},
                               {"mean_cta_us", tl.mean_cta_us},
+                              {"mean_ramp_us", tl.mean_ramp_us},
+                              {"mean_pages_us", tl.mean_pages_us},
+                              {"mean_tail_us", tl.mean_tail_us},
                               {"cta_start_us", tl.start_us},
                               {"cta_end_us", tl.end_us},
                               {"cta_sm", tl.sm}};

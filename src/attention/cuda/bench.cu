@@ -383,10 +383,18 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
   unsigned long long t0 = ~0ull;
   for (long long i = 0; i < n; ++i) t0 = std::min(t0, rows[i * kTimelineWords]);
   std::vector<double> ends(n);
-  double dur = 0;
+  double dur = 0, ramp = 0, pages = 0, tail = 0;
+  long long with_pages = 0;
   for (long long i = 0; i < n; ++i) {
-    const double st = 1e-3 * static_cast<double>(rows[i * kTimelineWords] - t0);
-    ends[i] = 1e-3 * static_cast<double>(rows[i * kTimelineWords + 1] - t0);
+    const unsigned long long* r = &rows[i * kTimelineWords];
+    const double st = 1e-3 * static_cast<double>(r[0] - t0);
+    ends[i] = 1e-3 * static_cast<double>(r[1] - t0);
+    if (r[4] != 0 && r[5] >= r[4] && r[4] >= r[0] && r[1] >= r[5]) {  // 0: a CTA without work
+      ramp += 1e-3 * static_cast<double>(r[4] - r[0]);
+      pages += 1e-3 * static_cast<double>(r[5] - r[4]);
+      tail += 1e-3 * static_cast<double>(r[1] - r[5]);
+      ++with_pages;
+    }
     tl.last_start_us = std::max(tl.last_start_us, st);
     dur += ends[i] - st;
     tl.start_us.push_back(st);
@@ -398,6 +406,11 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
   tl.median_end_us = ends[ends.size() / 2];
   tl.span_us = ends.back();
   tl.mean_cta_us = dur / static_cast<double>(n);
+  if (with_pages > 0) {
+    tl.mean_ramp_us = ramp / static_cast<double>(with_pages);
+    tl.mean_pages_us = pages / static_cast<double>(with_pages);
+    tl.mean_tail_us = tail / static_cast<double>(with_pages);
+  }
   return tl;
 }
 
@@ -489,6 +502,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   dopts.ring_16bit = o.ring_16bit;
   dopts.packed_heads = o.packed_heads;
   dopts.spread_sink = o.spread_sink;
+  dopts.overlap_merge = o.overlap_merge;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;

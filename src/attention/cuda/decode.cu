@@ -111,6 +111,9 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
                       (opts.ring_feed == RingFeed::kAuto && !self_pages && base < sms / 2);
   }
   p.packed_heads = kern.has_packed() && group <= 4 && opts.packed_heads != 0;
+  // The merge's launch overlapped with the decode's last CTAs: 0.5-4.5% faster on the split shapes at head dim
+  // 64 and 128, 1-7% slower at 256 (docs/GPU_NOTES.md §21).
+  p.overlap_merge = dev.cc_major >= 9 && (opts.overlap_merge > 0 || (opts.overlap_merge < 0 && a.geom.head_dim <= 128));
   void (*const fn)(detail::DecodeParams) = kern.kernel(p.producer_warp, p.packed_heads);
   p.threads = kern.threads(p.producer_warp);
   if (kern.bulk) {
@@ -254,9 +257,19 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;
-    detail::decode_merge_kernel_for(g.head_dim)<<<rows, detail::kMergeThreads, 0, stream>>>(
-        k.part_out, k.part_lse, p.num_splits, a.out, a.lse);
-    KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode merge kernel"));
+    // Programmatic dependent launch: the merge's CTAs may be scheduled once every decode CTA is past its
+    // pages (pdl_launch_dependents) and wait in the kernel for the decode's results (pdl_wait_primary),
+    // so its launch latency hides behind the decode's last CTAs. Captured into graphs as a programmatic edge.
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(rows), cfg.blockDim = dim3(detail::kMergeThreads), cfg.dynamicSmemBytes = 0, cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr, cfg.numAttrs = p.overlap_merge ? 1 : 0;
+    KVQ_RETURN_IF_ERROR(detail::cuda_status(cudaLaunchKernelEx(&cfg, detail::decode_merge_kernel_for(g.head_dim),
+                                                       static_cast<const float*>(k.part_out),
+                                                       static_cast<const float*>(k.part_lse), p.num_splits, a.out, a.lse),
+                                    "cuda decode merge kernel"));
   }
   return Status::ok();
 }

@@ -449,6 +449,7 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
     if constexpr (FD == Feed::kProducer) produce<F, D, SM>(p, w, ra, full_s, empty_s, page_ids, ring_s, lane);
   } else {
     run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
+    mark_timeline(p, sm.t_pages0);
     if constexpr (kPack) pack_state(st, lane);
     PartArgs a = main_args<SM>(p, w, unscale);
     if constexpr (Path<F>::kInt4) {  // the K codes' offset and unit (Path::kInt4KeyUnit)
@@ -484,9 +485,11 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
     } else {
       consume(Fp32{}, Runs{});
     }
+    mark_timeline(p, sm.t_pages1);
   }
+  pdl_launch_dependents();
   merge_and_store<D, kPack>(p, w, sm, st, warp, lane);
-  record_timeline(p, sm.t_start, w.main_pages);
+  record_timeline(p, sm.t_start, w.main_pages, sm.t_pages0, sm.t_pages1);
 }
 
 }  // namespace kvq::attention::cuda::detail

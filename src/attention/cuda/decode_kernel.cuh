@@ -63,19 +63,25 @@ struct DecodeParams {
   unsigned long long* timeline;  // DecodePlan::cta_timeline (diagnostics), usually null
 };
 
-// DecodePlan::cta_timeline: the global timer when the CTA starts and when it is done.
+// DecodePlan::cta_timeline: the global timer when the CTA starts, when its warp 0 starts and ends the
+// main pages (after the query and the sink; before the warps' merge and the store), and when it is done.
 __device__ __forceinline__ unsigned long long global_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
-__device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned long long t0, int pages) {
+__device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned long long t0, int pages,
+                                                unsigned long long t_pages0 = 0, unsigned long long t_pages1 = 0) {
   if (p.timeline == nullptr || threadIdx.x != 0) return;  // t0: thread 0's start time (DecodeSmem::t_start)
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   const size_t cta = blockIdx.x + static_cast<size_t>(gridDim.x) * (blockIdx.y + static_cast<size_t>(gridDim.y) * blockIdx.z);
   unsigned long long* row = p.timeline + kTimelineWords * cta;  // the layout DecodePlan::cta_timeline documents
   row[0] = t0, row[1] = global_ns(), row[2] = smid, row[3] = static_cast<unsigned long long>(pages);
+  row[4] = t_pages0, row[5] = t_pages1;
+}
+__device__ __forceinline__ void mark_timeline(const DecodeParams& p, unsigned long long& t) {
+  if (p.timeline != nullptr && threadIdx.x == 0) t = global_ns();
 }
 
 // ---- per-format fragment builders ------------------------------------------------------------------
@@ -568,7 +574,7 @@ struct DecodeSmem {
   float l[kDecodeWarps][kMaxGroupPerCta];
   float mv[kDecodeWarps][kMaxGroupPerCta];
   unsigned qamax_bits;
-  unsigned long long t_start;  // DecodePlan::cta_timeline: kept here, not in a register for the whole kernel
+  unsigned long long t_start, t_pages0, t_pages1;  // DecodePlan::cta_timeline: kept here, not in registers
 };
 
 // ---- pieces shared by the register kernel (16-bit caches) and the bulk kernel (8-bit caches) ----------
@@ -787,9 +793,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const 
   State<D> st;
   init_state(st);
   run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
+  mark_timeline(p, sm.t_pages0);
   if (w.main_t0 < w.main_t1) run_part<F, D, SM>(p, main_args<SM>(p, w, unscale), w.kv_head, sm.qf[0], warp, lane, st);
+  mark_timeline(p, sm.t_pages1);
+  pdl_launch_dependents();
   merge_and_store<D>(p, w, sm, st, warp, lane);
-  record_timeline(p, sm.t_start, (w.main_t1 - w.main_t0) * kTileTokens / p.block_size);
+  record_timeline(p, sm.t_start, (w.main_t1 - w.main_t0) * kTileTokens / p.block_size, sm.t_pages0, sm.t_pages1);
 }
 
 // Log-sum-exp merge of the splits: one CTA of kMergeThreads per (sequence, query head). D / 4 threads
@@ -810,6 +819,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const float
   const size_t row = blockIdx.x;
   const float* pl = part_lse + row * num_splits;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  pdl_wait_primary();  // launched to overlap the decode's tail (run()): its partial rows only after it
 
   float m = kNegInf;
   for (int s = tid; s < num_splits; s += kMergeThreads) m = fmaxf(m, pl[s]);

@@ -123,6 +123,14 @@ __device__ __forceinline__ void warp_mbar_arrive_expect_tx(uint32_t bar, uint32_
       : "memory");
 }
 
+// Programmatic dependent launch (sm_90): a kernel launched after this one with the programmatic
+// stream-serialization attribute (the split merge) may be scheduled once every CTA of this grid has
+// called pdl_launch_dependents, so its launch overlaps this grid's tail; it calls pdl_wait_primary
+// before reading anything this grid wrote, which waits for this grid's completion and its memory. Both
+// are no-ops for a grid launched without the attribute.
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
+__device__ __forceinline__ void pdl_wait_primary() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
 // ---- packing -------------------------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }

@@ -64,6 +64,7 @@ struct DecodeBenchOptions {
   int ring_16bit = -1;    // bf16/fp16: DecodeOptions::ring_16bit (-1: the planner's choice)
   int packed_heads = -1;  // 8- and 4-bit caches: DecodeOptions::packed_heads (-1: the planner's choice)
   int spread_sink = -1;   // DecodeOptions::spread_sink (-1: the planner's choice)
+  int overlap_merge = -1;  // DecodeOptions::overlap_merge (-1: the planner's choice)
   bool timeline = false;  // one more cold run per case with DecodePlan::cta_timeline (DecodeBenchRow::timeline)
   uint64_t seed = 1;
   BenchTiming timing;
@@ -96,6 +97,10 @@ struct DecodeBenchRow {
     double last_start_us = 0;  // when the last CTA started (> 0: more CTAs than one wave holds, or a slow launch)
     double first_end_us = 0, median_end_us = 0;
     double mean_cta_us = 0;    // mean CTA duration
+    // Means over the CTAs with pages: from the CTA's start to warp 0's first main page (query, sink, ring
+    // prime), warp 0's main pages, and from its last page to the CTA's end (the other warps, the merge of
+    // the warps, the store).
+    double mean_ramp_us = 0, mean_pages_us = 0, mean_tail_us = 0;
     std::vector<double> start_us, end_us;  // per CTA (timeline index order)
     std::vector<int> sm;                   // the SM it ran on
   } timeline;

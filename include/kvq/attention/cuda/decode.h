@@ -58,12 +58,15 @@ struct DecodePlan {
   bool ring_16bit = true;      // bf16/fp16 caches at head_dim 64/128: the bulk-copy kernel (else the register kernel)
   bool packed_heads = false;   // 8- and 4-bit caches at head_dim <= 128 with <= 4 query heads per kv head: lanes of
                                // the idle heads score a second tile (docs/GPU_NOTES.md §18)
+  bool overlap_merge = false;  // several splits: the merge kernel is launched as a programmatic dependent of the
+                               // decode (sm_90), so its launch overlaps the decode's last CTAs
   // Diagnostics (kvq bench decode --timeline): when set, every CTA of the decode kernel writes
-  // {start ns, end ns, SM id, main pages} (global timer) at index split + splits x (y + gridDim.y x seq);
+  // {start ns, end ns, SM id, main pages, main pages start ns, main pages end ns} (global timer; the last
+  // two by warp 0, 0 for a CTA without work) at index split + splits x (y + gridDim.y x seq);
   // kTimelineWords words per CTA, cta_timeline_entries(plan) entries. Null in normal use.
   unsigned long long* cta_timeline = nullptr;
 };
-constexpr int kTimelineWords = 4;
+constexpr int kTimelineWords = 6;
 
 // Who refills the ring of the bulk-copy kernel. kAuto: a producer warp when fewer than
 // sm_count / 2 CTAs make up one split of the batch (sequences x kv heads x head groups), where every
@@ -82,6 +85,7 @@ struct DecodeOptions {
                          // CTAs, docs/GPU_NOTES.md §16)
   int packed_heads = -1;  // 0: never pack heads (tests, measurements); -1: pack where an instance exists and the
                           // group is <= 4
+  int overlap_merge = -1;  // 0: launch the split merge as a plain kernel, 1: overlap it (measurements); -1: choose
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
