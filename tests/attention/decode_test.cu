@@ -104,23 +104,28 @@ void check_case(const AttnCase& c) {
   // (the planner picks one by the batch shape) with the planned and the smallest ring; 7 splits with
   // the sink dealt over all of them (what a one-wave plan does) and with the sink first; 16-bit
   // caches also on the register kernel (DecodeOptions::ring_16bit = 0), planned and 7 splits; 8- and
-  // 4-bit caches with head packing off (the planner packs groups <= 4), planned and 7 splits per feed.
+  // 4-bit caches with head packing off (the planner packs groups <= 4), planned and 7 splits per feed;
+  // 8- and 4-bit caches with the sink on the register path instead of the ring (the planner puts it in
+  // the self-fed ring), planned and 7 splits with the sink first.
   struct Run {
     int splits, ring_stages;
     kc::RingFeed feed;
     int spread_sink = -1;
     int ring_16bit = -1;
     int packed_heads = -1;
+    int sink_in_ring = -1;
   };
   for (const Run run : {Run{1, 0, kc::RingFeed::kAuto}, Run{0, 0, kc::RingFeed::kAuto}, Run{7, 0, kc::RingFeed::kAuto, 1},
                         Run{0, 4, kc::RingFeed::kSelf}, Run{0, 4, kc::RingFeed::kProducer},
                         Run{0, 0, kc::RingFeed::kSelf}, Run{7, 0, kc::RingFeed::kProducer, 1},
                         Run{7, 0, kc::RingFeed::kSelf, 0}, Run{7, 0, kc::RingFeed::kProducer, 0},
                         Run{0, 0, kc::RingFeed::kAuto, -1, 0}, Run{7, 0, kc::RingFeed::kAuto, 1, 0},
-                        Run{0, 0, kc::RingFeed::kSelf, -1, -1, 0}, Run{7, 0, kc::RingFeed::kProducer, 1, -1, 0}}) {
+                        Run{0, 0, kc::RingFeed::kSelf, -1, -1, 0}, Run{7, 0, kc::RingFeed::kProducer, 1, -1, 0},
+                        Run{0, 0, kc::RingFeed::kSelf, -1, -1, -1, 0}, Run{7, 0, kc::RingFeed::kSelf, 0, -1, -1, 0}}) {
     const bool is16 = format_traits(c.format).bits == 16;
     if (run.ring_16bit == 0 && !is16) continue;  // the option only changes 16-bit plans
     if (run.packed_heads == 0 && (is16 || hq / c.num_kv_heads > 4)) continue;  // nothing to unpack
+    if (run.sink_in_ring == 0 && (is16 || c.sink == 0)) continue;              // no sink tiles to move
     const int forced = run.splits;
     kc::DecodeOptions opts;
     opts.force_splits = forced;
@@ -129,6 +134,7 @@ void check_case(const AttnCase& c) {
     opts.spread_sink = run.spread_sink;
     opts.ring_16bit = run.ring_16bit;
     opts.packed_heads = run.packed_heads;
+    opts.sink_in_ring = run.sink_in_ring;
     auto plan = kc::plan(a, dev, opts);
     ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
     auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(a, plan.value()), 16));
@@ -146,6 +152,7 @@ void check_case(const AttnCase& c) {
                             " stages=" + std::to_string(plan.value().ring_stages) +
                             (plan.value().producer_warp ? " producer" : " self") +
                             (plan.value().packed_heads ? " packed" : "") +
+                            (plan.value().sink_in_ring ? " sink-in-ring" : "") +
                             (is16 ? (plan.value().ring_stages > 0 ? " ring" : " register") : "");
     ASSERT_TRUE(testing::all_finite(got.data(), got.size())) << tag << ": output has NaN/inf (unwritten or poisoned read)";
     // Per (sequence, head) rows, so a single bad row cannot hide in a large norm.
@@ -160,7 +167,8 @@ void check_case(const AttnCase& c) {
     ::testing::Test::RecordProperty("worst_rel_l2_s" + std::to_string(forced) + "_ss" + std::to_string(run.spread_sink) +
                                         "_r" + std::to_string(run.ring_stages) +
                                         (plan.value().producer_warp ? "_p" : "_s") + (run.ring_16bit == 0 ? "_reg" : "") +
-                                        (plan.value().packed_heads ? "_pk" : ""),
+                                        (plan.value().packed_heads ? "_pk" : "") +
+                                        (plan.value().sink_in_ring ? "_sr" : ""),
                                     std::to_string(worst));
   }
 }

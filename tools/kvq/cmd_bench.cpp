@@ -190,6 +190,8 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     if (const char* env = std::getenv("KVQ_DECODE_SPREAD_SINK")) d.spread_sink = std::string(env) == "1" ? 1 : std::string(env) == "0" ? 0 : -1;
     // And for the merge's programmatic launch (§21): 0 a plain kernel after the decode, 1 overlapped.
     if (const char* env = std::getenv("KVQ_DECODE_OVERLAP_MERGE")) d.overlap_merge = std::atoi(env);
+    // And for the sink's path in the ring kernel (§21): 0 the register path.
+    if (const char* env = std::getenv("KVQ_DECODE_SINK_RING")) d.sink_in_ring = std::atoi(env) == 0 ? 0 : -1;
     d.timeline = o.timeline;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);

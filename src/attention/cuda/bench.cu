@@ -503,6 +503,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   dopts.packed_heads = o.packed_heads;
   dopts.spread_sink = o.spread_sink;
   dopts.overlap_merge = o.overlap_merge;
+  dopts.sink_in_ring = o.sink_in_ring;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;

@@ -298,38 +298,121 @@ __device__ __forceinline__ void attend_unit(const DecodeParams& p, const CtaWork
 // uniform registers, which the bulk copies take directly (docs/GPU_NOTES.md §19).
 __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
 
+// ---- the sink through the ring (Feed::kSelf) ------------------------------------------------------
+
+// The bf16 sink tiles of the CTA go through the same ring as its pages, ahead of them: a warp's items are
+// its sink tiles (the CTA's sink tiles dealt round robin, tile t0 + warp + 4 j), then its units. On the
+// register path the sink was a chain of dependent loads queued behind the whole grid's first ring pages,
+// with the ring full and idle meanwhile: 9-31 us before the first page (docs/GPU_NOTES.md §21). A tile
+// (8 tokens: its K rows, then its V rows, 2 x 16 D bytes) fits a stage of every 8- and 4-bit ring but
+// int4's at head dim 256, which keeps the register path (DecodePlan::sink_in_ring).
+struct SinkItems {
+  int count = 0;  // this warp's sink tiles in the ring (0: none, or the CTA's sink is on the register path)
+  int ids = -1;   // lane j: the page of the warp's j-th sink tile
+  int t0 = 0;     // the CTA's first sink tile
+  __device__ int tile(int j, int warp) const { return t0 + warp + kDecodeWarps * j; }
+};
+// At most 32 tiles per warp (one page id per lane); a CTA with more sink tiles takes the register path.
+__device__ __forceinline__ bool sink_through_ring(const DecodeParams& p, const CtaWork& w) {
+  return p.sink_in_ring != 0 && w.sink_t1 - w.sink_t0 <= 32 * kDecodeWarps;
+}
+__device__ __forceinline__ SinkItems sink_items(const DecodeParams& p, const CtaWork& w, int warp, int lane) {
+  SinkItems sk;
+  const int n = w.sink_t1 - w.sink_t0;
+  sk.t0 = w.sink_t0;
+  sk.count = warp < n ? (n - 1 - warp) / kDecodeWarps + 1 : 0;
+  const int tile = sk.tile(lane, warp), tpp = p.block_size / kTileTokens;
+  if (lane < sk.count) sk.ids = __ldg(p.sink_tables + static_cast<size_t>(w.seq) * p.max_sink_blocks + tile / tpp);
+  return sk;
+}
+// Requests the warp's j-th sink tile into the stage at `stage`; the whole warp calls it.
+template <int D>
+__device__ __forceinline__ void request_sink_tile(const DecodeParams& p, const CtaWork& w, const SinkItems& sk, int j,
+                                                  int warp, uint32_t stage, uint32_t bar) {
+  constexpr uint32_t kBytes = kTileTokens * D * 2;
+  const int page = warp_uniform(__shfl_sync(0xffffffffu, sk.ids, j));
+  const int tpp = p.block_size / kTileTokens;
+  const size_t off = p.geom.elem_index(page, w.kv_head, (sk.tile(j, warp) % tpp) * kTileTokens) * 2;
+  warp_mbar_arrive_expect_tx(bar, 2 * kBytes);
+  warp_bulk_copy_g2s(stage, p.k_sink + off, kBytes, bar);
+  warp_bulk_copy_g2s(stage + kBytes, p.v_sink + off, kBytes, bar);
+}
+// Sink tile `tile` from its stage (K rows at 0, V rows after them): the register path's numerics.
+template <int D>
+__device__ __forceinline__ void attend_sink_tile(const uint8_t* stage, const PartArgs& sa, int tile, const SmemLane& ln,
+                                                 const uint4* qf_sink, int lane, State<D>& st) {
+  Payload<Format::kBf16, D> pl;
+  load_tile_smem<Format::kBf16, D, ScaleMode::kNone, ScaleDtype::kFp32, true>(stage, 0, ln, -1, pl);
+  compute_tiles<Format::kBf16, D, ScaleMode::kNone, 1>(&pl, qf_sink, sa, tile, lane, st);
+}
+// The warp's main unit k (< the first window's units) into the stage at `stage_off`.
+template <ScaleMode SM>
+__device__ __forceinline__ void request_main_unit(const DecodeParams& p, const RingAddr& ra, int ids0, int k,
+                                                  int* page_ids, int s, uint32_t ring, uint32_t full, int lane) {
+  const int page0 = warp_uniform(__shfl_sync(0xffffffffu, ids0, WarpUnits::entry(k, 0, ra.ppu_log)));
+  const int page1 = ra.ppu_log ? warp_uniform(__shfl_sync(0xffffffffu, ids0, WarpUnits::entry(k, 1, ra.ppu_log))) : -1;
+  if (lane == 0) page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
+  __syncwarp();  // the ids before the barrier's arrival, which the elected lane makes
+  request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
+}
+
 // ---- Feed::kSelf ----------------------------------------------------------------------------------
 
-// The warp's first S / kDecodeWarps units, requested by the warp (before the sink, which they overlap).
+// The warp's first S / kDecodeWarps items (sink tiles, then units), requested by the warp before the
+// query is prepared, which they overlap.
 template <Format F, int D, ScaleMode SM>
-__device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, uint32_t full, int* page_ids,
-                           uint32_t ring, int warp, int lane) {
+__device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const SinkItems& sk,
+                           uint32_t full, int* page_ids, uint32_t ring, int warp, int lane) {
   const WarpUnits wu = warp_units(p, w, ra, warp);
   const int R = p.ring_stages / kDecodeWarps;
   const int ids = wu.window(warp, 0, lane);  // R <= 4 units in one load, not R loads in a row
-  for (int k = 0; k < R && k < wu.count; ++k) {
-    const int s = warp + kDecodeWarps * k;
-    const int page0 = warp_uniform(__shfl_sync(0xffffffffu, ids, WarpUnits::entry(k, 0, ra.ppu_log)));
-    const int page1 = ra.ppu_log ? warp_uniform(__shfl_sync(0xffffffffu, ids, WarpUnits::entry(k, 1, ra.ppu_log))) : -1;
-    if (lane == 0) page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
-    __syncwarp();  // the ids before the barrier's arrival, which the elected lane makes
-    request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
+  for (int i = 0; i < R; ++i) {
+    const int s = warp + kDecodeWarps * i;
+    if (i < sk.count) {
+      request_sink_tile<D>(p, w, sk, i, warp, ring + s * p.stage_bytes, full + 8 * s);
+    } else if (i - sk.count < wu.count) {
+      request_main_unit<SM>(p, ra, ids, i - sk.count, page_ids, s, ring, full, lane);
+    }
   }
 }
 
+// sa / qf_sink: the sink's arguments and query fragments (sink items only); t_sink_done: the timeline's
+// mark after them.
 template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
 __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
-                                 const uint4* qf, uint32_t full, int* page_ids, uint8_t* ring, int warp, int lane,
-                                 State<D>& st) {
+                                 const uint4* qf, const SinkItems& sk, const PartArgs& sa, const uint4* qf_sink,
+                                 uint32_t full, int* page_ids, uint8_t* ring, int warp, int lane, State<D>& st,
+                                 unsigned long long& t_sink_done) {
   const int S = p.ring_stages, R = S / kDecodeWarps;
   const WarpUnits wu = warp_units(p, w, ra, warp);
   const uint32_t ring_s = smem_u32(ring);
-  const SmemLane ln = smem_lane<F, D, SD, PT>(p.block_size, lane);
   const int per = 32 >> ra.ppu_log;  // units per window
-  // The warp's k-th unit is split unit warp + 4k, in stage warp + 4 (k % R), phase (k / R) & 1:
+  // The warp's i-th item (its sink tiles, then its units) is in stage warp + 4 (i % R), phase (i / R) & 1:
   // stepped, never divided (a division by the run-time S sat on the path from page to page).
   int s = warp;
   uint32_t phase = 0;
+  if (sk.count > 0) {
+    const SmemLane ln16 = smem_lane<Format::kBf16, D, ScaleDtype::kFp32, true>(kTileTokens, lane);
+    const int ids0 = wu.window(warp, 0, lane);  // the units this phase requests are the first R < per
+    for (int j = 0; j < sk.count; ++j) {
+      mbar_wait(full + 8 * s, phase);
+      const uint32_t stage_off = static_cast<uint32_t>(s) * p.stage_bytes;
+      attend_sink_tile<D>(ring + stage_off, sa, sk.tile(j, warp), ln16, qf_sink, lane, st);
+      fence_proxy_async_smem();  // the reads above before the copy engine overwrites the stage
+      __syncwarp();
+      const int i = j + R;  // the item this stage takes next
+      if (i < sk.count) {
+        request_sink_tile<D>(p, w, sk, i, warp, ring_s + stage_off, full + 8 * s);
+      } else if (i - sk.count < wu.count) {
+        request_main_unit<SM>(p, ra, ids0, i - sk.count, page_ids, s, ring_s, full, lane);
+      }
+      s += kDecodeWarps;
+      if (s >= S) s -= S, phase ^= 1u;
+    }
+  }
+  mark_timeline(p, t_sink_done);
+  if constexpr (kPack) pack_state(st, lane);
+  const SmemLane ln = smem_lane<F, D, SD, PT>(p.block_size, lane);
   // Table entries of the refills k + R, a window at a time and one window ahead: a table load on the
   // path from a stage's release to its refill would add a memory latency per unit.
   int kb = R, ids = wu.window(warp, kb, lane), ids_next = wu.window(warp, kb + per, lane);
@@ -389,7 +472,9 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr&
 template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
 __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, uint32_t full, uint32_t empty, const int* page_ids,
-                                 const uint8_t* ring, int warp, int lane, State<D>& st) {
+                                 const uint8_t* ring, int warp, int lane, State<D>& st, unsigned long long& t_sink_done) {
+  mark_timeline(p, t_sink_done);
+  if constexpr (kPack) pack_state(st, lane);
   const int S = p.ring_stages, n_units = split_units(w, ra);
   const SmemLane ln = smem_lane<F, D, SD, PT>(p.block_size, lane);
   int s = warp;
@@ -440,17 +525,22 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   __syncthreads();
   const bool producer = FD == Feed::kProducer && warp == kDecodeWarps;
   const RingAddr ra = ring_addr<F, D, SM>(p, w.kv_head);
-  // The ring fills while the query is prepared and the sink tiles are attended.
-  if constexpr (FD == Feed::kSelf) prime_ring<F, D, SM>(p, w, ra, full_s, page_ids, ring_s, warp, lane);
+  // The ring fills (its first items: the sink's tiles, then pages) while the query is prepared.
+  SinkItems sk;
+  bool sink_ring = false;
+  if constexpr (FD == Feed::kSelf) {
+    sink_ring = sink_through_ring(p, w);
+    if (sink_ring) sk = sink_items(p, w, warp, lane);
+    prime_ring<F, D, SM>(p, w, ra, sk, full_s, page_ids, ring_s, warp, lane);
+  }
   const float unscale = prepare_query<F, D>(p, w, sm);
   State<D> st;
   init_state(st);
   if (producer) {
     if constexpr (FD == Feed::kProducer) produce<F, D, SM>(p, w, ra, full_s, empty_s, page_ids, ring_s, lane);
   } else {
-    run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
-    mark_timeline(p, sm.t_pages0);
-    if constexpr (kPack) pack_state(st, lane);
+    if (!sink_ring) run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);  // else: ring items (consume_self_fed)
+    const PartArgs sa = sink_args(p, w, unscale);
     PartArgs a = main_args<SM>(p, w, unscale);
     if constexpr (Path<F>::kInt4) {  // the K codes' offset and unit (Path::kInt4KeyUnit)
       a.kconst *= 1.f / Path<F>::kInt4KeyUnit;
@@ -467,9 +557,11 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
       constexpr ScaleDtype SD = decltype(sd)::value;
       constexpr bool PT = decltype(pt)::value;
       if constexpr (FD == Feed::kSelf) {
-        consume_self_fed<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], full_s, page_ids, ring, warp, lane, st);
+        consume_self_fed<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], sk, sa, sm.qf[1], full_s, page_ids, ring, warp,
+                                                  lane, st, sm.t_pages0);
       } else {
-        consume_produced<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st);
+        consume_produced<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st,
+                                                  sm.t_pages0);
       }
     };
     using Fp16 = std::integral_constant<ScaleDtype, ScaleDtype::kFp16>;

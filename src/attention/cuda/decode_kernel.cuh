@@ -61,6 +61,7 @@ struct DecodeParams {
   int ring_stages;    // bulk kernel: pages in flight per CTA (a multiple of kDecodeWarps, <= kMaxStages)
   int stage_bytes;    // bulk kernel: bytes of one ring stage (bulk_stage_bytes)
   unsigned long long* timeline;  // DecodePlan::cta_timeline (diagnostics), usually null
+  int sink_in_ring;              // bulk kernel fed by the attending warps: DecodePlan::sink_in_ring
 };
 
 // DecodePlan::cta_timeline: the global timer when the CTA starts, when its warp 0 starts and ends the
@@ -682,18 +683,22 @@ __device__ __forceinline__ float int4_key_bias(const uint4* qf, int lane) {
   return -8.f * Path<Format::kInt4>::kInt4KeyUnit * sum;
 }
 
-// The bf16 sink tiles of this split, through the register path (they are few and 16-bit).
-template <int D>
-__device__ __forceinline__ void run_sink(const DecodeParams& p, const CtaWork& w, const uint4* qf, float unscale,
-                                         int warp, int lane, State<D>& st) {
-  if (w.sink_t0 >= w.sink_t1) return;
+// The bf16 sink tiles of this split: their arguments, and their pass through the register path (the
+// register kernel's, and the ring kernel's where its ring does not take them, DecodePlan::sink_in_ring).
+__device__ __forceinline__ PartArgs sink_args(const DecodeParams& p, const CtaWork& w, float unscale) {
   PartArgs a;
   a.k = p.k_sink, a.v = p.v_sink, a.ks = nullptr, a.vs = nullptr;
   a.table = p.sink_tables + static_cast<size_t>(w.seq) * p.max_sink_blocks;
   a.n_tokens = w.sink_len;
   a.tile_begin = w.sink_t0, a.tile_end = w.sink_t1;
   a.kconst = unscale, a.lvconst = 0.f;
-  run_part<Format::kBf16, D, ScaleMode::kNone>(p, a, w.kv_head, qf, warp, lane, st);
+  return a;
+}
+template <int D>
+__device__ __forceinline__ void run_sink(const DecodeParams& p, const CtaWork& w, const uint4* qf, float unscale,
+                                         int warp, int lane, State<D>& st) {
+  if (w.sink_t0 >= w.sink_t1) return;
+  run_part<Format::kBf16, D, ScaleMode::kNone>(p, sink_args(p, w, unscale), w.kv_head, qf, warp, lane, st);
 }
 
 // Arguments of the main (quantized) part: scale constants per mode.

@@ -65,6 +65,7 @@ struct DecodeBenchOptions {
   int packed_heads = -1;  // 8- and 4-bit caches: DecodeOptions::packed_heads (-1: the planner's choice)
   int spread_sink = -1;   // DecodeOptions::spread_sink (-1: the planner's choice)
   int overlap_merge = -1;  // DecodeOptions::overlap_merge (-1: the planner's choice)
+  int sink_in_ring = -1;   // DecodeOptions::sink_in_ring (-1: the planner's choice)
   bool timeline = false;  // one more cold run per case with DecodePlan::cta_timeline (DecodeBenchRow::timeline)
   uint64_t seed = 1;
   BenchTiming timing;
