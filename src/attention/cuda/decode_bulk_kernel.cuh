@@ -23,6 +23,8 @@
 //              arrive after their reads), then requests the next page; it spends the request
 //              latency instead of the attending warp (better when a plan has few CTAs, each a long
 //              chain of pages)
+// With kSelf the bf16 sink's tiles go through the ring too, as each warp's first items (SinkItems);
+// with kProducer they take the register path before the pages.
 // Either way a request is arrive.expect_tx(full[s]) and the page's copies, made by the whole warp
 // with warp-uniform operands and issued by one elected lane (request_unit), and the attending warp
 // waits on full[s]. Numerics are the register kernel's: the warps build the same fragments
