@@ -3,7 +3,6 @@
 // (kvq/attention/cuda/bench.h has the method). The CPU kernels have their own Google Benchmark
 // binary (kvq_bench_cpu).
 #include <cstdio>
-#include <cstring>
 #include <cstdlib>
 #include <ctime>
 #include <fstream>
@@ -193,11 +192,6 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     if (const char* env = std::getenv("KVQ_DECODE_OVERLAP_MERGE")) d.overlap_merge = std::atoi(env);
     // And for the sink's path in the ring kernel (§21): 0 the register path.
     if (const char* env = std::getenv("KVQ_DECODE_SINK_RING")) d.sink_in_ring = std::atoi(env) == 0 ? 0 : -1;
-    // And for pacing the CTAs of an SM: "NS,SLACK" (sleep in ns, slack as a share of the work).
-    if (const char* env = std::getenv("KVQ_DECODE_PACE")) {
-      d.pace_ns = std::atoi(env);
-      if (const char* c = std::strchr(env, ',')) d.pace_slack = static_cast<float>(std::atof(c + 1));
-    }
     d.timeline = o.timeline;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);

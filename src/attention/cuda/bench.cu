@@ -504,7 +504,6 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   dopts.spread_sink = o.spread_sink;
   dopts.overlap_merge = o.overlap_merge;
   dopts.sink_in_ring = o.sink_in_ring;
-  dopts.pace_ns = o.pace_ns, dopts.pace_slack = o.pace_slack;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;

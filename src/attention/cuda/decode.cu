@@ -184,14 +184,7 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   // One wave: every split's CTA runs at once and the slowest sets the time, so the sink (bf16 tiles on
   // the register path) is dealt over all splits; more waves absorb a few long CTAs, and a sink in
   // every split would add its load latency to every CTA (split_work.h, docs/GPU_NOTES.md §14).
-  // Pacing (measurement knob for now): one-wave plans of the self-fed ring only.
-  auto set_pace = [&] {
-    const bool one_wave = base * p.num_splits <= wave;
-    p.pace_ns = kern.bulk && !p.producer_warp && one_wave && opts.pace_ns > 0 ? opts.pace_ns : 0;
-    p.pace_slack = opts.pace_slack;
-  };
   auto set_spread_sink = [&] {
-    set_pace();
     p.spread_sink = opts.spread_sink >= 0 ? opts.spread_sink == 1 : base * p.num_splits <= wave;
   };
   if (opts.force_splits > 0) {
@@ -258,7 +251,6 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   k.stage_bytes = kern.bulk ? ring_stage_bytes(g) : 0;
   k.timeline = p.cta_timeline;
   k.sink_in_ring = p.sink_in_ring ? 1 : 0;
-  k.pace_ns = p.pace_ns, k.pace_slack = p.pace_slack;
   if (p.num_splits > 1) {
     const size_t rows = static_cast<size_t>(a.tables.num_seqs) * a.num_q_heads * p.num_splits;
     k.part_out = static_cast<float*>(workspace);

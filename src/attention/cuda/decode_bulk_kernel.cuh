@@ -369,40 +369,6 @@ __device__ __forceinline__ void request_main_unit(const DecodeParams& p, const R
   request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
 }
 
-// ---- pacing the CTAs of one SM (Feed::kSelf) -----------------------------------------------------
-
-// The CTAs sharing an SM do not get equal shares of its issue slots: with four per SM, int4's finish up to
-// 30% of the kernel apart and the last run alone at a fraction of the SM's rate (docs/GPU_NOTES.md §18, §20).
-// With pacing, each SM's CTAs count their units in g_sm_pace, and a warp whose share of its work done is
-// ahead of its SM's by more than p.pace_slack sleeps p.pace_ns, yielding issue slots to the others. The words
-// only steer sleeping (never results); the last CTA of a launch on an SM clears them, so each launch starts
-// from zero (one-wave plans only: a CTA of a second wave could start on an SM after its clear).
-constexpr int kPaceSms = 1024;
-__device__ unsigned int g_sm_pace[kPaceSms][4];  // CTAs started, CTAs done, units done, units in all
-struct Pace {
-  unsigned int* words = nullptr;  // this SM's, or null when not pacing
-  __device__ static unsigned int* start(const DecodeParams& p, int units) {
-    if (p.pace_ns <= 0) return nullptr;
-    unsigned smid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-    unsigned int* w = g_sm_pace[smid % kPaceSms];
-    if (threadIdx.x == 0) atomicAdd(&w[0], 1u), atomicAdd(&w[3], static_cast<unsigned>(units));
-    return w;
-  }
-  __device__ void finish() const {
-    if (words == nullptr || threadIdx.x != 0) return;
-    __threadfence();
-    const unsigned done = atomicAdd(&words[1], 1u) + 1;
-    if (done == atomicAdd(&words[0], 0u))
-      for (int i = 0; i < 4; ++i) atomicExch(&words[i], 0u);
-  }
-};
-__device__ __forceinline__ unsigned int load_relaxed(const unsigned int* a) {
-  unsigned int v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(a));
-  return v;
-}
-
 // ---- Feed::kSelf ----------------------------------------------------------------------------------
 
 // The warp's first S / kDecodeWarps items (sink tiles, then units), requested by the warp before the
@@ -429,7 +395,7 @@ template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
 __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, const SinkItems& sk, const PartArgs& sa, const uint4* qf_sink,
                                  uint32_t full, int* page_ids, uint8_t* ring, int warp, int lane, State<D>& st,
-                                 unsigned long long& t_sink_done, const Pace& pace) {
+                                 unsigned long long& t_sink_done) {
   const int S = p.ring_stages, R = S / kDecodeWarps;
   const WarpUnits wu = warp_units(p, w, ra, warp);
   const uint32_t ring_s = smem_u32(ring);
@@ -463,16 +429,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
   // Table entries of the refills k + R, a window at a time and one window ahead: a table load on the
   // path from a stage's release to its refill would add a memory latency per unit.
   int kb = R, ids = wu.window(warp, kb, lane), ids_next = wu.window(warp, kb + per, lane);
-  unsigned int sm_done = 0, sm_all = 0;  // the SM's progress as read at the previous check (pacing)
-  const float inv_count = 1.f / static_cast<float>(max(wu.count, 1)), slack = p.pace_slack;
   for (int k = 0; k < wu.count; ++k) {
-    if (pace.words != nullptr && (k & 3) == 3) {
-      // Compared with the values loaded four units ago (their latency off the path), then reloaded.
-      const bool ahead = sm_all > 0 && static_cast<float>(k) * inv_count >
-                                           static_cast<float>(sm_done) / static_cast<float>(sm_all) + slack;
-      sm_done = load_relaxed(&pace.words[2]), sm_all = load_relaxed(&pace.words[3]);
-      if (ahead) __nanosleep(static_cast<unsigned>(p.pace_ns));
-    }
     if (k + R == kb + per) {
       kb += per, ids = ids_next;
       ids_next = wu.window(warp, kb + per, lane);
@@ -495,7 +452,6 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
       }
       request_unit<SM>(p, ra, page0, page1, ring_s + stage_off, full + 8 * s);
     }
-    if (pace.words != nullptr && lane == 0) atomicAdd(&pace.words[2], 1u);
     s += kDecodeWarps;
     if (s >= S) s -= S, phase ^= 1u;
   }
@@ -606,11 +562,9 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   // The ring fills (its first items: the sink's tiles, then pages) while the query is prepared.
   SinkItems sk;
   bool sink_ring = false;
-  Pace pace;
   sink_ring = sink_through_ring(p, w);
   if (sink_ring) sk = sink_items(p, w, warp, lane, FD == Feed::kSelf);
   if constexpr (FD == Feed::kSelf) {
-    pace.words = Pace::start(p, split_units(w, ra));
     prime_ring<F, D, SM>(p, w, ra, sk, full_s, page_ids, ring_s, warp, lane);
   }
   const float unscale = prepare_query<F, D>(p, w, sm);
@@ -638,7 +592,7 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
       constexpr bool PT = decltype(pt)::value;
       if constexpr (FD == Feed::kSelf) {
         consume_self_fed<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], sk, sa, sm.qf[1], full_s, page_ids, ring, warp,
-                                                  lane, st, sm.t_pages0, pace);
+                                                  lane, st, sm.t_pages0);
       } else {
         consume_produced<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st,
                                                   sk, sa, sm.qf[1], sm.t_pages0);
@@ -661,7 +615,6 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   }
   pdl_launch_dependents();
   merge_and_store<D, kPack>(p, w, sm, st, warp, lane);
-  pace.finish();  // after merge_and_store's barriers: every warp's counts are in
   record_timeline(p, sm.t_start, w.main_pages, sm.t_pages0, sm.t_pages1);
 }
 

@@ -62,8 +62,6 @@ struct DecodeParams {
   int stage_bytes;    // bulk kernel: bytes of one ring stage (bulk_stage_bytes)
   unsigned long long* timeline;  // DecodePlan::cta_timeline (diagnostics), usually null
   int sink_in_ring;              // bulk kernel fed by the attending warps: DecodePlan::sink_in_ring
-  int pace_ns;                   // > 0: pace the CTAs of an SM (decode_bulk_kernel.cuh, Pace)
-  float pace_slack;              // share of its work a warp may be ahead of its SM's before it sleeps
 };
 
 // DecodePlan::cta_timeline: the global timer when the CTA starts, when its warp 0 starts and ends the

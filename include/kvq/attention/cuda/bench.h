@@ -66,8 +66,6 @@ struct DecodeBenchOptions {
   int spread_sink = -1;   // DecodeOptions::spread_sink (-1: the planner's choice)
   int overlap_merge = -1;  // DecodeOptions::overlap_merge (-1: the planner's choice)
   int sink_in_ring = -1;   // DecodeOptions::sink_in_ring (-1: the planner's choice)
-  int pace_ns = 0;
-  float pace_slack = 0.02f;
   bool timeline = false;  // one more cold run per case with DecodePlan::cta_timeline (DecodeBenchRow::timeline)
   uint64_t seed = 1;
   BenchTiming timing;

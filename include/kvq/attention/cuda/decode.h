@@ -60,8 +60,6 @@ struct DecodePlan {
                                // the idle heads score a second tile (docs/GPU_NOTES.md §18)
   bool sink_in_ring = false;   // 8- and 4-bit ring fed by the attending warps: the bf16 sink's tiles go through the
                                // ring ahead of the pages (else through the register path first)
-  int pace_ns = 0;              // > 0: the CTAs of an SM paced (a warp ahead of its SM sleeps this long)
-  float pace_slack = 0.02f;     // the share of its work a warp may be ahead before it sleeps
   bool overlap_merge = false;  // several splits: the merge kernel is launched as a programmatic dependent of the
                                // decode (sm_90), so its launch overlaps the decode's last CTAs
   // Diagnostics (kvq bench decode --timeline): when set, every CTA of the decode kernel writes
@@ -91,8 +89,6 @@ struct DecodeOptions {
                           // group is <= 4
   int overlap_merge = -1;  // 0: launch the split merge as a plain kernel, 1: overlap it (measurements); -1: choose
   int sink_in_ring = -1;   // 0: the sink through the register path (tests, measurements); -1: choose
-  int pace_ns = 0;         // > 0: pace the CTAs of an SM (DecodePlan::pace_ns; measurements)
-  float pace_slack = 0.02f;
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
