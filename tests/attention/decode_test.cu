@@ -106,7 +106,7 @@ void check_case(const AttnCase& c) {
   // caches also on the register kernel (DecodeOptions::ring_16bit = 0), planned and 7 splits; 8- and
   // 4-bit caches with head packing off (the planner packs groups <= 4), planned and 7 splits per feed;
   // 8- and 4-bit caches with the sink on the register path instead of the ring (the planner puts it in
-  // the self-fed ring), planned and 7 splits with the sink first.
+  // the ring where its tiles fit a stage), planned and 7 splits with the sink first, and with the producer.
   struct Run {
     int splits, ring_stages;
     kc::RingFeed feed;
@@ -121,7 +121,8 @@ void check_case(const AttnCase& c) {
                         Run{7, 0, kc::RingFeed::kSelf, 0}, Run{7, 0, kc::RingFeed::kProducer, 0},
                         Run{0, 0, kc::RingFeed::kAuto, -1, 0}, Run{7, 0, kc::RingFeed::kAuto, 1, 0},
                         Run{0, 0, kc::RingFeed::kSelf, -1, -1, 0}, Run{7, 0, kc::RingFeed::kProducer, 1, -1, 0},
-                        Run{0, 0, kc::RingFeed::kSelf, -1, -1, -1, 0}, Run{7, 0, kc::RingFeed::kSelf, 0, -1, -1, 0}}) {
+                        Run{0, 0, kc::RingFeed::kSelf, -1, -1, -1, 0}, Run{7, 0, kc::RingFeed::kSelf, 0, -1, -1, 0},
+                        Run{0, 0, kc::RingFeed::kProducer, -1, -1, -1, 0}}) {
     const bool is16 = format_traits(c.format).bits == 16;
     if (run.ring_16bit == 0 && !is16) continue;  // the option only changes 16-bit plans
     if (run.packed_heads == 0 && (is16 || hq / c.num_kv_heads > 4)) continue;  // nothing to unpack

@@ -169,10 +169,9 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       return unsupported("cuda decode: a page tile of " + str(stage) + " bytes does not fit the ring in shared memory");
     p.ring_stages = stages;
     p.smem_bytes = ring_bytes(stages);
-    // The bf16 sink's tiles through the ring, ahead of the pages (docs/GPU_NOTES.md §21): where the attending
-    // warps feed the ring and a tile (16 x head_dim bytes of K and of V) fits a stage.
-    p.sink_in_ring = !p.producer_warp && format_bits(a.geom.format) <= 8 && 32 * a.geom.head_dim <= stage &&
-                     opts.sink_in_ring != 0;
+    // The bf16 sink's tiles through the ring, ahead of the pages (docs/GPU_NOTES.md §21): 8- and 4-bit
+    // caches where a tile (16 x head_dim bytes of K and of V) fits a stage.
+    p.sink_in_ring = format_bits(a.geom.format) <= 8 && 32 * a.geom.head_dim <= stage && opts.sink_in_ring != 0;
   }
   int occ = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.threads, p.smem_bytes) != cudaSuccess ||
@@ -225,7 +224,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   if (a.tables.num_seqs != p.num_seqs || a.num_q_heads != p.num_q_heads || a.tables.max_blocks > p.max_blocks ||
       a.tables.max_sink_blocks > p.max_sink_blocks || p.num_splits < 1 ||
       (p.producer_warp && !kern.bulk) || p.threads != kern.threads(p.producer_warp) ||
-      (p.sink_in_ring && (!kern.bulk || p.producer_warp || 32 * a.geom.head_dim > ring_stage_bytes(a.geom))) ||
+      (p.sink_in_ring && (!kern.bulk || 32 * a.geom.head_dim > ring_stage_bytes(a.geom))) ||
       (p.packed_heads && (!kern.has_packed() || a.num_q_heads / a.geom.num_kv_heads > 4)) ||
       (kern.bulk && (p.ring_stages < detail::kDecodeWarps || p.ring_stages > detail::kMaxStages ||
                      p.smem_bytes != detail::kRingOffset + p.ring_stages * ring_stage_bytes(a.geom))))

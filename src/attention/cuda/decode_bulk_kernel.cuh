@@ -23,8 +23,8 @@
 //              arrive after their reads), then requests the next page; it spends the request
 //              latency instead of the attending warp (better when a plan has few CTAs, each a long
 //              chain of pages)
-// With kSelf the bf16 sink's tiles go through the ring too, as each warp's first items (SinkItems);
-// with kProducer they take the register path before the pages.
+// The bf16 sink's tiles go through the ring too, ahead of the pages (SinkItems): the CTA's items are its
+// sink tiles, then its units, dealt to the attending warps round robin like the units.
 // Either way a request is arrive.expect_tx(full[s]) and the page's copies, made by the whole warp
 // with warp-uniform operands and issued by one elected lane (request_unit), and the attending warp
 // waits on full[s]. Numerics are the register kernel's: the warps build the same fragments
@@ -300,7 +300,7 @@ __device__ __forceinline__ void attend_unit(const DecodeParams& p, const CtaWork
 // uniform registers, which the bulk copies take directly (docs/GPU_NOTES.md §19).
 __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
 
-// ---- the sink through the ring (Feed::kSelf) ------------------------------------------------------
+// ---- the sink through the ring --------------------------------------------------------------------
 
 // The bf16 sink tiles of the CTA go through the same ring as its pages, ahead of them: a warp's items are
 // its sink tiles (the CTA's sink tiles dealt round robin, tile t0 + warp + 4 j), then its units. On the
@@ -309,8 +309,9 @@ __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffff
 // (8 tokens: its K rows, then its V rows, 2 x 16 D bytes) fits a stage of every 8- and 4-bit ring but
 // int4's at head dim 256, which keeps the register path (DecodePlan::sink_in_ring).
 struct SinkItems {
-  int count = 0;  // this warp's sink tiles in the ring (0: none, or the CTA's sink is on the register path)
-  int ids = -1;   // lane j: the page of the warp's j-th sink tile
+  int n = 0;      // the CTA's sink tiles in the ring (0: none, or its sink is on the register path)
+  int count = 0;  // this attending warp's share of them
+  int ids = -1;   // lane j: the page of the warp's j-th sink tile (Feed::kSelf)
   int t0 = 0;     // the CTA's first sink tile
   __device__ int tile(int j, int warp) const { return t0 + warp + kDecodeWarps * j; }
 };
@@ -318,26 +319,36 @@ struct SinkItems {
 __device__ __forceinline__ bool sink_through_ring(const DecodeParams& p, const CtaWork& w) {
   return p.sink_in_ring != 0 && w.sink_t1 - w.sink_t0 <= 32 * kDecodeWarps;
 }
-__device__ __forceinline__ SinkItems sink_items(const DecodeParams& p, const CtaWork& w, int warp, int lane) {
+__device__ __forceinline__ int sink_page_of(const DecodeParams& p, const CtaWork& w, int tile) {
+  return __ldg(p.sink_tables + static_cast<size_t>(w.seq) * p.max_sink_blocks + tile / (p.block_size / kTileTokens));
+}
+__device__ __forceinline__ SinkItems sink_items(const DecodeParams& p, const CtaWork& w, int warp, int lane,
+                                                bool self_fed) {
   SinkItems sk;
-  const int n = w.sink_t1 - w.sink_t0;
+  sk.n = w.sink_t1 - w.sink_t0;
   sk.t0 = w.sink_t0;
-  sk.count = warp < n ? (n - 1 - warp) / kDecodeWarps + 1 : 0;
-  const int tile = sk.tile(lane, warp), tpp = p.block_size / kTileTokens;
-  if (lane < sk.count) sk.ids = __ldg(p.sink_tables + static_cast<size_t>(w.seq) * p.max_sink_blocks + tile / tpp);
+  if (warp >= kDecodeWarps) return sk;  // the producer warp (produce() reads the ids itself)
+  sk.count = warp < sk.n ? (sk.n - 1 - warp) / kDecodeWarps + 1 : 0;
+  if (self_fed && lane < sk.count) sk.ids = sink_page_of(p, w, sk.tile(lane, warp));
   return sk;
 }
-// Requests the warp's j-th sink tile into the stage at `stage`; the whole warp calls it.
+// Requests sink tile `tile` (on page `page`) into the stage at `stage`; the whole warp calls it with
+// warp-uniform operands.
 template <int D>
-__device__ __forceinline__ void request_sink_tile(const DecodeParams& p, const CtaWork& w, const SinkItems& sk, int j,
-                                                  int warp, uint32_t stage, uint32_t bar) {
+__device__ __forceinline__ void request_sink_tile(const DecodeParams& p, const CtaWork& w, int page, int tile,
+                                                  uint32_t stage, uint32_t bar) {
   constexpr uint32_t kBytes = kTileTokens * D * 2;
-  const int page = warp_uniform(__shfl_sync(0xffffffffu, sk.ids, j));
   const int tpp = p.block_size / kTileTokens;
-  const size_t off = p.geom.elem_index(page, w.kv_head, (sk.tile(j, warp) % tpp) * kTileTokens) * 2;
+  const size_t off = p.geom.elem_index(page, w.kv_head, (tile % tpp) * kTileTokens) * 2;
   warp_mbar_arrive_expect_tx(bar, 2 * kBytes);
   warp_bulk_copy_g2s(stage, p.k_sink + off, kBytes, bar);
   warp_bulk_copy_g2s(stage + kBytes, p.v_sink + off, kBytes, bar);
+}
+// The warp's j-th sink tile (Feed::kSelf: page ids from SinkItems::ids).
+template <int D>
+__device__ __forceinline__ void request_warp_sink_tile(const DecodeParams& p, const CtaWork& w, const SinkItems& sk,
+                                                       int j, int warp, uint32_t stage, uint32_t bar) {
+  request_sink_tile<D>(p, w, warp_uniform(__shfl_sync(0xffffffffu, sk.ids, j)), sk.tile(j, warp), stage, bar);
 }
 // Sink tile `tile` from its stage (K rows at 0, V rows after them): the register path's numerics.
 template <int D>
@@ -371,7 +382,7 @@ __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAd
   for (int i = 0; i < R; ++i) {
     const int s = warp + kDecodeWarps * i;
     if (i < sk.count) {
-      request_sink_tile<D>(p, w, sk, i, warp, ring + s * p.stage_bytes, full + 8 * s);
+      request_warp_sink_tile<D>(p, w, sk, i, warp, ring + s * p.stage_bytes, full + 8 * s);
     } else if (i - sk.count < wu.count) {
       request_main_unit<SM>(p, ra, ids, i - sk.count, page_ids, s, ring, full, lane);
     }
@@ -404,7 +415,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
       __syncwarp();
       const int i = j + R;  // the item this stage takes next
       if (i < sk.count) {
-        request_sink_tile<D>(p, w, sk, i, warp, ring_s + stage_off, full + 8 * s);
+        request_warp_sink_tile<D>(p, w, sk, i, warp, ring_s + stage_off, full + 8 * s);
       } else if (i - sk.count < wu.count) {
         request_main_unit<SM>(p, ra, ids0, i - sk.count, page_ids, s, ring_s, full, lane);
       }
@@ -450,12 +461,21 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
 
 // The producer warp: page ids 32 at a time (one per lane), the units requested in order.
 template <Format F, int D, ScaleMode SM>
-__device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, uint32_t full, uint32_t empty,
-                        int* page_ids, uint32_t ring, int lane) {
+__device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const SinkItems& sk, uint32_t full,
+                        uint32_t empty, int* page_ids, uint32_t ring, int lane) {
   const int n_pages = w.main_pages, ppu = 1 << ra.ppu_log;
   const int32_t* table = split_table(p, w);
   const int S = p.ring_stages;
-  int s = 0, use = 0;  // unit i: stage i % S, use i / S, stepped
+  int s = 0, use = 0;  // item i (sink tiles, then units): stage i % S, use i / S, stepped
+  for (int base = 0; base < sk.n; base += 32) {
+    const int mine = base + lane < sk.n ? sink_page_of(p, w, sk.t0 + base + lane) : -1;
+    for (int j = 0; j < min(32, sk.n - base); ++j) {
+      const int page = warp_uniform(__shfl_sync(0xffffffffu, mine, j));
+      if (use > 0) mbar_wait(empty + 8 * s, (use - 1) & 1);
+      request_sink_tile<D>(p, w, page, sk.t0 + base + j, ring + s * p.stage_bytes, full + 8 * s);
+      if (++s == S) s = 0, ++use;
+    }
+  }
   for (int base = 0; base < n_pages; base += 32) {
     const int mine = base + lane < n_pages ? __ldg(table + base + lane) : -1;
     const int n = min(32, n_pages - base);
@@ -474,14 +494,26 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr&
 template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
 __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, uint32_t full, uint32_t empty, const int* page_ids,
-                                 const uint8_t* ring, int warp, int lane, State<D>& st, unsigned long long& t_sink_done) {
-  mark_timeline(p, t_sink_done);
-  if constexpr (kPack) pack_state(st, lane);
+                                 const uint8_t* ring, int warp, int lane, State<D>& st, const SinkItems& sk,
+                                 const PartArgs& sa, const uint4* qf_sink, unsigned long long& t_sink_done) {
   const int S = p.ring_stages, n_units = split_units(w, ra);
-  const SmemLane ln = smem_lane<F, D, SD, PT>(p.block_size, lane);
   int s = warp;
   uint32_t phase = 0;
-  for (int u = warp; u < n_units; u += kDecodeWarps) {
+  // The warp's items are i = warp + 4 j: sink tiles while i < sk.n, then unit i - sk.n.
+  if (sk.count > 0) {
+    const SmemLane ln16 = smem_lane<Format::kBf16, D, ScaleDtype::kFp32, true>(kTileTokens, lane);
+    for (int j = 0; j < sk.count; ++j) {
+      mbar_wait(full + 8 * s, phase);
+      attend_sink_tile<D>(ring + static_cast<size_t>(s) * p.stage_bytes, sa, sk.tile(j, warp), ln16, qf_sink, lane, st);
+      mbar_arrive(empty + 8 * s);
+      s += kDecodeWarps;
+      if (s >= S) s -= S, phase ^= 1u;
+    }
+  }
+  mark_timeline(p, t_sink_done);
+  if constexpr (kPack) pack_state(st, lane);
+  const SmemLane ln = smem_lane<F, D, SD, PT>(p.block_size, lane);
+  for (int u = warp + kDecodeWarps * sk.count - sk.n; u < n_units; u += kDecodeWarps) {
     mbar_wait(full + 8 * s, phase);
     attend_unit<F, D, SM, SD, PT, kPack>(p, w, ra, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids + 2 * s,
                                          u, ln, lane, st);
@@ -530,16 +562,16 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   // The ring fills (its first items: the sink's tiles, then pages) while the query is prepared.
   SinkItems sk;
   bool sink_ring = false;
+  sink_ring = sink_through_ring(p, w);
+  if (sink_ring) sk = sink_items(p, w, warp, lane, FD == Feed::kSelf);
   if constexpr (FD == Feed::kSelf) {
-    sink_ring = sink_through_ring(p, w);
-    if (sink_ring) sk = sink_items(p, w, warp, lane);
     prime_ring<F, D, SM>(p, w, ra, sk, full_s, page_ids, ring_s, warp, lane);
   }
   const float unscale = prepare_query<F, D>(p, w, sm);
   State<D> st;
   init_state(st);
   if (producer) {
-    if constexpr (FD == Feed::kProducer) produce<F, D, SM>(p, w, ra, full_s, empty_s, page_ids, ring_s, lane);
+    if constexpr (FD == Feed::kProducer) produce<F, D, SM>(p, w, ra, sk, full_s, empty_s, page_ids, ring_s, lane);
   } else {
     if (!sink_ring) run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);  // else: ring items (consume_self_fed)
     const PartArgs sa = sink_args(p, w, unscale);
@@ -563,7 +595,7 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
                                                   lane, st, sm.t_pages0);
       } else {
         consume_produced<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st,
-                                                  sm.t_pages0);
+                                                  sk, sa, sm.qf[1], sm.t_pages0);
       }
     };
     using Fp16 = std::integral_constant<ScaleDtype, ScaleDtype::kFp16>;
