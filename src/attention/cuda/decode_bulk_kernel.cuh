@@ -302,8 +302,8 @@ __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffff
 
 // ---- the sink through the ring --------------------------------------------------------------------
 
-// The bf16 sink tiles of the CTA go through the same ring as its pages, ahead of them: a warp's items are
-// its sink tiles (the CTA's sink tiles dealt round robin, tile t0 + warp + 4 j), then its units. On the
+// The bf16 sink tiles of the CTA go through the same ring as its pages, ahead of them: an attending warp's
+// items are its sink tiles (the CTA's sink tiles dealt round robin, tile t0 + warp + 4 j), then its units. On the
 // register path the sink was a chain of dependent loads queued behind the whole grid's first ring pages,
 // with the ring full and idle meanwhile: 9-31 us before the first page (docs/GPU_NOTES.md §21). A tile
 // (8 tokens: its K rows, then its V rows, 2 x 16 D bytes) fits a stage of every 8- and 4-bit ring but
@@ -358,7 +358,7 @@ __device__ __forceinline__ void attend_sink_tile(const uint8_t* stage, const Par
   load_tile_smem<Format::kBf16, D, ScaleMode::kNone, ScaleDtype::kFp32, true>(stage, 0, ln, -1, pl);
   compute_tiles<Format::kBf16, D, ScaleMode::kNone, 1>(&pl, qf_sink, sa, tile, lane, st);
 }
-// The warp's main unit k (< the first window's units) into the stage at `stage_off`.
+// The warp's main unit k (< the first window's units, page ids in ids0) into stage s.
 template <ScaleMode SM>
 __device__ __forceinline__ void request_main_unit(const DecodeParams& p, const RingAddr& ra, int ids0, int k,
                                                   int* page_ids, int s, uint32_t ring, uint32_t full, int lane) {

@@ -61,7 +61,7 @@ struct DecodeParams {
   int ring_stages;    // bulk kernel: pages in flight per CTA (a multiple of kDecodeWarps, <= kMaxStages)
   int stage_bytes;    // bulk kernel: bytes of one ring stage (bulk_stage_bytes)
   unsigned long long* timeline;  // DecodePlan::cta_timeline (diagnostics), usually null
-  int sink_in_ring;              // bulk kernel fed by the attending warps: DecodePlan::sink_in_ring
+  int sink_in_ring;              // bulk kernel: DecodePlan::sink_in_ring
 };
 
 // DecodePlan::cta_timeline: the global timer when the CTA starts, when its warp 0 starts and ends the

@@ -58,8 +58,8 @@ struct DecodePlan {
   bool ring_16bit = true;      // bf16/fp16 caches at head_dim 64/128: the bulk-copy kernel (else the register kernel)
   bool packed_heads = false;   // 8- and 4-bit caches at head_dim <= 128 with <= 4 query heads per kv head: lanes of
                                // the idle heads score a second tile (docs/GPU_NOTES.md §18)
-  bool sink_in_ring = false;   // 8- and 4-bit ring fed by the attending warps: the bf16 sink's tiles go through the
-                               // ring ahead of the pages (else through the register path first)
+  bool sink_in_ring = false;   // 8- and 4-bit rings whose stage holds a sink tile: the bf16 sink's tiles go through
+                               // the ring ahead of the pages (else through the register path first)
   bool overlap_merge = false;  // several splits: the merge kernel is launched as a programmatic dependent of the
                                // decode (sm_90), so its launch overlaps the decode's last CTAs
   // Diagnostics (kvq bench decode --timeline): when set, every CTA of the decode kernel writes
