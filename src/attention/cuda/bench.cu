@@ -383,8 +383,8 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
   unsigned long long t0 = ~0ull;
   for (long long i = 0; i < n; ++i) t0 = std::min(t0, rows[i * kTimelineWords]);
   std::vector<double> ends(n);
-  double dur = 0, ramp = 0, pages = 0, tail = 0;
-  long long with_pages = 0;
+  double dur = 0, ramp = 0, pages = 0, tail = 0, work = 0, query = 0, item0 = 0, warps = 0;
+  long long with_pages = 0, with_marks = 0;
   for (long long i = 0; i < n; ++i) {
     const unsigned long long* r = &rows[i * kTimelineWords];
     const double st = 1e-3 * static_cast<double>(r[0] - t0);
@@ -394,6 +394,13 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
       pages += 1e-3 * static_cast<double>(r[5] - r[4]);
       tail += 1e-3 * static_cast<double>(r[1] - r[5]);
       ++with_pages;
+      if (r[6] >= r[0] && r[8] >= r[0] && r[9] >= r[0] && r[10] >= r[5] && r[6] != 0 && r[8] != 0 && r[9] != 0) {
+        work += 1e-3 * static_cast<double>(r[6] - r[0]);
+        query += 1e-3 * static_cast<double>(r[8] - r[0]);
+        item0 += 1e-3 * static_cast<double>(r[9] - r[0]);
+        warps += 1e-3 * static_cast<double>(r[10] - r[5]);
+        ++with_marks;
+      }
     }
     tl.last_start_us = std::max(tl.last_start_us, st);
     dur += ends[i] - st;
@@ -410,6 +417,10 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
     tl.mean_ramp_us = ramp / static_cast<double>(with_pages);
     tl.mean_pages_us = pages / static_cast<double>(with_pages);
     tl.mean_tail_us = tail / static_cast<double>(with_pages);
+  }
+  if (with_marks > 0) {
+    const double n = static_cast<double>(with_marks);
+    tl.mean_work_us = work / n, tl.mean_query_us = query / n, tl.mean_item0_us = item0 / n, tl.mean_warps_us = warps / n;
   }
   return tl;
 }

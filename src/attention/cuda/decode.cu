@@ -153,7 +153,10 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       // rule gave them, fp8 at D64 the same at 8, 12 and 16 (§16). Since §17 a stage is one softmax
       // step's pages (two 2 KB pages at 8-bit D64 and int4 D64/D128), so the rule counts stages.
       constexpr int kRingPerSm = 136 << 10;
-      const int ctas_per_sm = occupancy(kStep);
+      // Head dim 256 with 8-bit pages (8 KB at block 16): one CTA per SM with the whole ring (16 stages) beat
+      // two CTAs of 8 stages by 3-6% (fp8/int8, B16 Hq8 Hkv1 and B4 Hq32 Hkv8 at L8192; docs/GPU_NOTES.md §22),
+      // as at block 32, where a stage is 16 KB and the rule below already gives one CTA of 8.
+      const int ctas_per_sm = a.geom.head_dim == 256 && format_bits(a.geom.format) == 8 ? 1 : occupancy(kStep);
       const int cap = ctas_per_sm >= 3 ? 8 : detail::kMaxStages;
       stages = std::clamp(kRingPerSm / std::max(ctas_per_sm, 1) / stage / kStep * kStep, kStep, cap);
       while (stages > kStep && occupancy(stages) < ctas_per_sm) stages -= kStep;

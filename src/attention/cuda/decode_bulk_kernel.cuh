@@ -369,6 +369,15 @@ __device__ __forceinline__ void request_main_unit(const DecodeParams& p, const R
   request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
 }
 
+// DecodePlan::cta_timeline: when warp 0's first ring item (in stage `bar`, phase 0) has arrived; `items`: the
+// warp's items (none: no wait). Waiting on a completed phase again returns at once, so the consumer's own
+// wait that follows is unchanged.
+__device__ __forceinline__ void mark_first_item(const DecodeParams& p, int items, uint32_t bar, unsigned long long& t) {
+  if (p.timeline == nullptr || threadIdx.x >= 32 || items <= 0) return;
+  mbar_wait(bar, 0);
+  mark_timeline(p, t);
+}
+
 // ---- Feed::kSelf ----------------------------------------------------------------------------------
 
 // The warp's first S / kDecodeWarps items (sink tiles, then units), requested by the warp before the
@@ -395,7 +404,7 @@ template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
 __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, const SinkItems& sk, const PartArgs& sa, const uint4* qf_sink,
                                  uint32_t full, int* page_ids, uint8_t* ring, int warp, int lane, State<D>& st,
-                                 unsigned long long& t_sink_done) {
+                                 unsigned long long& t_sink_done, unsigned long long& t_item0) {
   const int S = p.ring_stages, R = S / kDecodeWarps;
   const WarpUnits wu = warp_units(p, w, ra, warp);
   const uint32_t ring_s = smem_u32(ring);
@@ -404,6 +413,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
   // stepped, never divided (a division by the run-time S sat on the path from page to page).
   int s = warp;
   uint32_t phase = 0;
+  mark_first_item(p, sk.count + wu.count, full + 8 * s, t_item0);
   if (sk.count > 0) {
     const SmemLane ln16 = smem_lane<Format::kBf16, D, ScaleDtype::kFp32, true>(kTileTokens, lane);
     const int ids0 = wu.window(warp, 0, lane);  // the units this phase requests are the first R < per
@@ -495,10 +505,12 @@ template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
 __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, uint32_t full, uint32_t empty, const int* page_ids,
                                  const uint8_t* ring, int warp, int lane, State<D>& st, const SinkItems& sk,
-                                 const PartArgs& sa, const uint4* qf_sink, unsigned long long& t_sink_done) {
+                                 const PartArgs& sa, const uint4* qf_sink, unsigned long long& t_sink_done,
+                                 unsigned long long& t_item0) {
   const int S = p.ring_stages, n_units = split_units(w, ra);
   int s = warp;
   uint32_t phase = 0;
+  mark_first_item(p, sk.n + n_units > warp ? 1 : 0, full + 8 * s, t_item0);
   // The warp's items are i = warp + 4 j: sink tiles while i < sk.n, then unit i - sk.n.
   if (sk.count > 0) {
     const SmemLane ln16 = smem_lane<Format::kBf16, D, ScaleDtype::kFp32, true>(kTileTokens, lane);
@@ -538,15 +550,17 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   // Shared-window addresses of the barriers and the ring, converted once (the page loop passes them on).
   const uint32_t full_s = smem_u32(full), empty_s = smem_u32(empty), ring_s = smem_u32(ring);
 
-  if (p.timeline != nullptr && threadIdx.x == 0) sm.t_start = global_ns();
+  start_timeline(p, sm);
   // The warp index through a shuffle of lane 0's: the compiler then knows it is warp-uniform, and so are
   // the ring stages, barriers and page addresses derived from it, which the bulk copies take in uniform
   // registers: computed there once, not in every lane and moved over per copy (docs/GPU_NOTES.md §19).
   const int warp = warp_uniform(static_cast<int>(threadIdx.x / 32)), lane = threadIdx.x % 32;
-  const CtaWork w = cta_work(p, p.block_size / kTileTokens);
+  const CtaWork place = cta_place(p);
+  const QueryLoad<D> ql = load_query<D>(p, place);
+  const CtaWork w = cta_work(p, p.block_size / kTileTokens, place);
   if (w.empty()) {
     store_empty(p, w, D);
-    record_timeline(p, sm.t_start, 0);
+    record_timeline(p, sm.t_start, 0, 0, 0, nullptr);
     return;
   }
   if (threadIdx.x == 0) {
@@ -557,17 +571,20 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
     mbar_init_fence();
   }
   __syncthreads();
+  mark_timeline(p, sm.marks.t_work);
   const bool producer = FD == Feed::kProducer && warp == kDecodeWarps;
   const RingAddr ra = ring_addr<F, D, SM>(p, w.kv_head);
-  // The ring fills (its first items: the sink's tiles, then pages) while the query is prepared.
+  // The ring fills (its first items: the sink's tiles, then pages) while the query, loaded at the start, is
+  // turned into fragments.
   SinkItems sk;
-  bool sink_ring = false;
-  sink_ring = sink_through_ring(p, w);
+  const bool sink_ring = sink_through_ring(p, w);
   if (sink_ring) sk = sink_items(p, w, warp, lane, FD == Feed::kSelf);
   if constexpr (FD == Feed::kSelf) {
     prime_ring<F, D, SM>(p, w, ra, sk, full_s, page_ids, ring_s, warp, lane);
+    mark_timeline(p, sm.marks.t_primed);
   }
-  const float unscale = prepare_query<F, D>(p, w, sm);
+  const float unscale = prepare_query<F, D>(p, w, sm, ql);
+  mark_timeline(p, sm.marks.t_query);
   State<D> st;
   init_state(st);
   if (producer) {
@@ -592,10 +609,10 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
       constexpr bool PT = decltype(pt)::value;
       if constexpr (FD == Feed::kSelf) {
         consume_self_fed<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], sk, sa, sm.qf[1], full_s, page_ids, ring, warp,
-                                                  lane, st, sm.t_pages0);
+                                                  lane, st, sm.t_pages0, sm.marks.t_item0);
       } else {
         consume_produced<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st,
-                                                  sk, sa, sm.qf[1], sm.t_pages0);
+                                                  sk, sa, sm.qf[1], sm.t_pages0, sm.marks.t_item0);
       }
     };
     using Fp16 = std::integral_constant<ScaleDtype, ScaleDtype::kFp16>;
@@ -615,7 +632,7 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   }
   pdl_launch_dependents();
   merge_and_store<D, kPack>(p, w, sm, st, warp, lane);
-  record_timeline(p, sm.t_start, w.main_pages, sm.t_pages0, sm.t_pages1);
+  record_timeline(p, sm.t_start, w.main_pages, sm.t_pages0, sm.t_pages1, &sm.marks);
 }
 
 }  // namespace kvq::attention::cuda::detail

@@ -71,8 +71,13 @@ __device__ __forceinline__ unsigned long long global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
 }
+// Marks of the ramp's steps (DecodePlan::cta_timeline words 6-10), kept in shared memory by thread 0.
+struct DecodeSmemMarks {
+  unsigned long long t_work, t_primed, t_query, t_item0, t_warps;
+};
 __device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned long long t0, int pages,
-                                                unsigned long long t_pages0 = 0, unsigned long long t_pages1 = 0) {
+                                                unsigned long long t_pages0, unsigned long long t_pages1,
+                                                const DecodeSmemMarks* marks) {
   if (p.timeline == nullptr || threadIdx.x != 0) return;  // t0: thread 0's start time (DecodeSmem::t_start)
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
@@ -80,6 +85,10 @@ __device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned 
   unsigned long long* row = p.timeline + kTimelineWords * cta;  // the layout DecodePlan::cta_timeline documents
   row[0] = t0, row[1] = global_ns(), row[2] = smid, row[3] = static_cast<unsigned long long>(pages);
   row[4] = t_pages0, row[5] = t_pages1;
+  // The ring kernel's ramp, in steps (0 where a kernel does not mark them): work and barriers known, warp 0's
+  // ring prime issued, query prepared, warp 0's first ring item arrived, every warp past its pages.
+  const DecodeSmemMarks mk = marks != nullptr ? *marks : DecodeSmemMarks{};
+  row[6] = mk.t_work, row[7] = mk.t_primed, row[8] = mk.t_query, row[9] = mk.t_item0, row[10] = mk.t_warps;
 }
 __device__ __forceinline__ void mark_timeline(const DecodeParams& p, unsigned long long& t) {
   if (p.timeline != nullptr && threadIdx.x == 0) t = global_ns();
@@ -565,18 +574,39 @@ __device__ void build_q_frags(const float* q_rows, int valid_heads, float qscale
   }
 }
 
+// The warps' O rows in shared memory for merge_and_store. Lane (g, t) holds head dims g D/8 + 2jj (+1) of
+// heads 2t, 2t+1; unpadded, a store's 32 lanes met one bank pair (D256; D128 two, D64 four) and the rows'
+// stores took 2-6 us of a CTA's end (docs/GPU_NOTES.md §22). Two floats after each lane's D/8 dims and
+// four after the row spread every 8-byte store over all banks (two wavefronts) and keep the merge's reads
+// of consecutive dims within two.
+template <int D>
+struct MergeRows {
+  static constexpr int kGap = 2, kRow = D + 8 * kGap + 4;
+  __host__ __device__ static constexpr int col(int d) { return d + kGap * (d / (D / 8)); }
+};
+
 template <int D>
 struct DecodeSmem {
   union {
     uint4 qf[2][(D / 16) * 32];                      // main path, sink path
-    float o[kDecodeWarps][kMaxGroupPerCta][D];       // per-warp O for the final merge
+    float o[kDecodeWarps][kMaxGroupPerCta][MergeRows<D>::kRow];  // per-warp O for the final merge (MergeRows;
+                                                                  // o[2]: query_staging)
   };
   float m[kDecodeWarps][kMaxGroupPerCta];
   float l[kDecodeWarps][kMaxGroupPerCta];
   float mv[kDecodeWarps][kMaxGroupPerCta];
   unsigned qamax_bits;
   unsigned long long t_start, t_pages0, t_pages1;  // DecodePlan::cta_timeline: kept here, not in registers
+  DecodeSmemMarks marks;
 };
+// DecodePlan::cta_timeline: the CTA's start and, zeroed, the marks that a kernel may leave unset.
+template <int D>
+__device__ __forceinline__ void start_timeline(const DecodeParams& p, DecodeSmem<D>& sm) {
+  if (p.timeline == nullptr || threadIdx.x != 0) return;
+  sm.t_start = global_ns();
+  sm.t_pages0 = sm.t_pages1 = 0;
+  sm.marks = DecodeSmemMarks{};
+}
 
 // ---- pieces shared by the register kernel (16-bit caches) and the bulk kernel (8-bit caches) ----------
 
@@ -591,14 +621,20 @@ struct CtaWork {
   __device__ bool empty() const { return sink_t0 >= sink_t1 && main_t0 >= main_t1; }
 };
 
-__device__ __forceinline__ CtaWork cta_work(const DecodeParams& p, int unit_align) {
-  CtaWork w;
+// The CTA's place in the grid: its sequence, kv head and query heads, from blockIdx alone (no load).
+__device__ __forceinline__ CtaWork cta_place(const DecodeParams& p) {
+  CtaWork w{};
   w.split = blockIdx.x;
   w.kv_head = blockIdx.y / p.head_groups;
   const int hg = blockIdx.y % p.head_groups;
   w.seq = blockIdx.z;
   w.hq0 = w.kv_head * p.group + hg * kMaxGroupPerCta;
   w.valid_heads = min(kMaxGroupPerCta, p.group - hg * kMaxGroupPerCta);
+  return w;
+}
+
+// Its tiles, from the sequence's lengths (`w`: cta_place's).
+__device__ __forceinline__ CtaWork cta_work(const DecodeParams& p, int unit_align, CtaWork w) {
   const int len = max(p.seq_lens[w.seq], 0);
   w.sink_len = min(max(p.sink_lens[w.seq], 0), len);
   w.n_sink_tiles = (w.sink_len + kTileTokens - 1) / kTileTokens;
@@ -616,6 +652,28 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p, int unit_alig
   return w;
 }
 
+// The CTA's query rows (valid_heads x D floats), element tid + k * blockDim.x in v[k]: loaded first, since
+// their address needs no loaded value. Loaded after the ring's first copies, they queued behind the
+// whole grid's ring bytes and the query was ready 7-9 us after the CTA's start, its first ring items long
+// since arrived (docs/GPU_NOTES.md §22).
+template <int D>
+struct QueryLoad {
+  static constexpr int kN = kMaxGroupPerCta * D / kDecodeThreads;  // enough for the smallest CTA
+  float v[kN];
+};
+template <int D>
+__device__ __forceinline__ QueryLoad<D> load_query(const DecodeParams& p, const CtaWork& place) {
+  QueryLoad<D> ql;
+  const float* q_rows = p.q + (static_cast<size_t>(place.seq) * p.num_q_heads + place.hq0) * D;
+  const int n = place.valid_heads * D;
+#pragma unroll
+  for (int k = 0; k < QueryLoad<D>::kN; ++k) {
+    const int idx = threadIdx.x + k * blockDim.x;
+    ql.v[k] = idx < n ? __ldg(q_rows + idx) : 0.f;
+  }
+  return ql;
+}
+
 // An empty split still owes the merge its weight 0.
 __device__ __forceinline__ void store_empty(const DecodeParams& p, const CtaWork& w, int D) {
   constexpr float kNegInf = -__builtin_huge_valf();
@@ -631,17 +689,32 @@ __device__ __forceinline__ void store_empty(const DecodeParams& p, const CtaWork
   }
 }
 
-// Query fragments for the main path (sm.qf[0]) and the bf16 sink path (sm.qf[1]); returns the
-// factor that undoes the power-of-two prescale, which keeps fp16 fragments in range whatever the
-// query's magnitude. Every thread of the CTA must call it (it synchronises).
+// Where prepare_query stages the query rows: o[2] of the union, free while the fragments (qf, the size
+// of o[0] and o[1]) are built, and as large as the rows (kMaxGroupPerCta x D).
+template <int D>
+__device__ __forceinline__ float* query_staging(DecodeSmem<D>& sm) {
+  static_assert(sizeof(sm.qf) <= 2 * sizeof(sm.o[0]) && kDecodeWarps >= 3 && sizeof(sm.o[2]) >= kMaxGroupPerCta * D * 4,
+                "the staging rows must fit o[2], clear of qf");
+  return &sm.o[2][0][0];
+}
+
+// Query fragments for the main path (sm.qf[0]) and the bf16 sink path (sm.qf[1]) from the rows that
+// load_query brought; returns the factor that undoes the power-of-two prescale, which keeps fp16
+// fragments in range whatever the query's magnitude. Every thread of the CTA must call it (it
+// synchronises).
 template <Format F, int D>
-__device__ float prepare_query(const DecodeParams& p, const CtaWork& w, DecodeSmem<D>& sm) {
+__device__ float prepare_query(const DecodeParams& p, const CtaWork& w, DecodeSmem<D>& sm, const QueryLoad<D>& ql) {
   const int tid = threadIdx.x;
-  const float* q_rows = p.q + (static_cast<size_t>(w.seq) * p.num_q_heads + w.hq0) * D;
+  float* rows = query_staging(sm);
   if (tid == 0) sm.qamax_bits = 0u;
   __syncthreads();
   float qa = 0.f;
-  for (int idx = tid; idx < w.valid_heads * D; idx += blockDim.x) qa = fmaxf(qa, fabsf(q_rows[idx]));
+  const int n = w.valid_heads * D;
+#pragma unroll
+  for (int k = 0; k < QueryLoad<D>::kN; ++k) {
+    const int idx = tid + k * static_cast<int>(blockDim.x);
+    if (idx < n) rows[idx] = ql.v[k], qa = fmaxf(qa, fabsf(ql.v[k]));
+  }
   atomicMax(&sm.qamax_bits, __float_as_uint(qa));
   __syncthreads();
   const float qamax = __uint_as_float(sm.qamax_bits) * p.softmax_scale * kLog2e;
@@ -652,8 +725,8 @@ __device__ float prepare_query(const DecodeParams& p, const CtaWork& w, DecodeSm
     e = min(max(8 - x, -100), 100);
   }
   const float qscale = p.softmax_scale * kLog2e * ldexpf(1.f, e);
-  build_q_frags<F, D>(q_rows, w.valid_heads, qscale, sm.qf[0], tid);
-  build_q_frags<Format::kBf16, D>(q_rows, w.valid_heads, qscale, sm.qf[1], tid);
+  build_q_frags<F, D>(rows, w.valid_heads, qscale, sm.qf[0], tid);
+  build_q_frags<Format::kBf16, D>(rows, w.valid_heads, qscale, sm.qf[1], tid);
   __syncthreads();
   return ldexpf(1.f, -e);
 }
@@ -738,6 +811,7 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
       for (int i = 0; i < 4; ++i) st.o[jj][i] += __shfl_xor_sync(0xffffffffu, st.o[jj][i], 2);
   }
   __syncthreads();  // everyone is done with the query fragments (union with o)
+  mark_timeline(p, sm.marks.t_warps);
   if (warp < kDecodeWarps) {
     const int g = lane >> 2, t = lane & 3;
     if (t == 0) {
@@ -745,7 +819,7 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
       sm.l[warp][g] = st.l;
       sm.mv[warp][g] = st.mv;
     }
-    const int base = g * (D / 8);
+    const int base = MergeRows<D>::col(g * (D / 8));
 #pragma unroll
     for (int jj = 0; jj < D / 16; ++jj) {
       *reinterpret_cast<float2*>(&sm.o[warp][2 * t][base + 2 * jj]) = make_float2(st.o[jj][0], st.o[jj][2]);
@@ -764,7 +838,7 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
     for (int v = 0; v < kDecodeWarps; ++v) {
       L += sm.l[v][h] * exp2f(sm.m[v][h] - M_use);
       const float mvw = sm.mv[v][h];
-      num += mvw == kNegInf ? 0.f : sm.o[v][h][d] * exp2f(mvw - M_use);
+      num += mvw == kNegInf ? 0.f : sm.o[v][h][MergeRows<D>::col(d)] * exp2f(mvw - M_use);
     }
     // L == 0 only for an empty split; a NaN from a bad read must reach the output.
     const float res = L == 0.f ? 0.f : num / L;
@@ -786,15 +860,17 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
 template <Format F, int D, ScaleMode SM, int kMinCtas>
 __global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const DecodeParams p) {
   __shared__ DecodeSmem<D> sm;
-  if (p.timeline != nullptr && threadIdx.x == 0) sm.t_start = global_ns();
+  start_timeline(p, sm);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const CtaWork w = cta_work(p, 1);
+  const CtaWork place = cta_place(p);
+  const QueryLoad<D> ql = load_query<D>(p, place);
+  const CtaWork w = cta_work(p, 1, place);
   if (w.empty()) {
     store_empty(p, w, D);
-    record_timeline(p, sm.t_start, 0);
+    record_timeline(p, sm.t_start, 0, 0, 0, nullptr);
     return;
   }
-  const float unscale = prepare_query<F, D>(p, w, sm);
+  const float unscale = prepare_query<F, D>(p, w, sm, ql);
   State<D> st;
   init_state(st);
   run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);
@@ -803,7 +879,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const 
   mark_timeline(p, sm.t_pages1);
   pdl_launch_dependents();
   merge_and_store<D>(p, w, sm, st, warp, lane);
-  record_timeline(p, sm.t_start, (w.main_t1 - w.main_t0) * kTileTokens / p.block_size, sm.t_pages0, sm.t_pages1);
+  record_timeline(p, sm.t_start, (w.main_t1 - w.main_t0) * kTileTokens / p.block_size, sm.t_pages0, sm.t_pages1,
+                  &sm.marks);
 }
 
 // Log-sum-exp merge of the splits: one CTA of kMergeThreads per (sequence, query head). D / 4 threads

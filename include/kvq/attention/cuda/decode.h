@@ -64,11 +64,13 @@ struct DecodePlan {
                                // decode (sm_90), so its launch overlaps the decode's last CTAs
   // Diagnostics (kvq bench decode --timeline): when set, every CTA of the decode kernel writes
   // {start ns, end ns, SM id, main pages, main pages start ns, main pages end ns} (global timer; the last
-  // two by warp 0, 0 for a CTA without work) at index split + splits x (y + gridDim.y x seq);
+  // two by warp 0, 0 for a CTA without work), then the ring kernel's ramp in steps {work and barriers
+  // known, warp 0's prime issued, query prepared, warp 0's first ring item arrived, every warp past its
+  // pages} (0 where a kernel does not mark them), at index split + splits x (y + gridDim.y x seq);
   // kTimelineWords words per CTA, cta_timeline_entries(plan) entries. Null in normal use.
   unsigned long long* cta_timeline = nullptr;
 };
-constexpr int kTimelineWords = 6;
+constexpr int kTimelineWords = 11;
 
 // Who refills the ring of the bulk-copy kernel. kAuto: a producer warp when fewer than
 // sm_count / 2 CTAs make up one split of the batch (sequences x kv heads x head groups), where every
