@@ -827,18 +827,32 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < w.valid_heads * D; idx += blockDim.x) {
-    const int h = idx / D, d = idx % D;
+  // Per head, once: the maximum, the sum and each warp's weight (-1: a warp without tokens), in place of the
+  // warps' m, l and mv (thread h alone touches head h's).
+  if (threadIdx.x < w.valid_heads) {
+    const int h = threadIdx.x;
     float M = kNegInf;
 #pragma unroll
     for (int v = 0; v < kDecodeWarps; ++v) M = fmaxf(M, sm.m[v][h]);
     const float M_use = M == kNegInf ? 0.f : M;
-    float L = 0.f, num = 0.f;
+    float L = 0.f;
 #pragma unroll
     for (int v = 0; v < kDecodeWarps; ++v) {
       L += sm.l[v][h] * exp2f(sm.m[v][h] - M_use);
       const float mvw = sm.mv[v][h];
-      num += mvw == kNegInf ? 0.f : sm.o[v][h][MergeRows<D>::col(d)] * exp2f(mvw - M_use);
+      sm.mv[v][h] = mvw == kNegInf ? -1.f : exp2f(mvw - M_use);
+    }
+    sm.m[0][h] = M, sm.l[0][h] = L;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < w.valid_heads * D; idx += blockDim.x) {
+    const int h = idx / D, d = idx % D;
+    const float M = sm.m[0][h], L = sm.l[0][h];
+    float num = 0.f;
+#pragma unroll
+    for (int v = 0; v < kDecodeWarps; ++v) {
+      const float wv = sm.mv[v][h];
+      num += wv < 0.f ? 0.f : sm.o[v][h][MergeRows<D>::col(d)] * wv;
     }
     // L == 0 only for an empty split; a NaN from a bad read must reach the output.
     const float res = L == 0.f ? 0.f : num / L;
@@ -885,56 +899,69 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const 
 
 // Log-sum-exp merge of the splits: one CTA of kMergeThreads per (sequence, query head). D / 4 threads
 // cover a row's dims (4 each); the CTA's kMergeThreads / (D / 4) such groups take every
-// (kMergeThreads / (D / 4))-th split, so that many splits' loads are in flight at once instead of a
-// serial walk over the splits (the merge of 49 splits took 16 us of B1 L32768's 52, docs/GPU_NOTES.md
-// §14, §16), and the groups' sums meet in shared memory.
-constexpr int kMergeThreads = 128;
+// (kMergeThreads / (D / 4))-th split, kMergeBatch of them per step with their loads in flight together, and
+// merge them online (a running maximum per group), so a row costs one round of loads per kGroups x
+// kMergeBatch splits; the groups meet in shared memory. A first pass over the splits' lse for the row's
+// maximum cost one more dependent round: the merge of B1 L32768's 66 splits took 6, and the merge the
+// larger part of the 5-8 us after the decode's last CTA (docs/GPU_NOTES.md §14, §16, §22).
+constexpr int kMergeThreads = 256, kMergeBatch = 4;
 template <int D>
 __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const float* part_out, const float* part_lse,
                                                                       int num_splits, float* out, float* lse) {
   constexpr int kLanes = D / 4, kGroups = kMergeThreads / kLanes;
   static_assert(kGroups >= 1 && kMergeThreads % kLanes == 0, "a row's dims must fit one merge CTA");
   constexpr float kNegInf = -__builtin_huge_valf();
-  __shared__ float red[kMergeThreads / 32];
   __shared__ float4 acc_s[kGroups][kLanes];
-  __shared__ float l_s[kGroups];
+  __shared__ float m_s[kGroups], l_s[kGroups];
   const size_t row = blockIdx.x;
   const float* pl = part_lse + row * num_splits;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int tid = threadIdx.x, grp = tid / kLanes, d = (tid % kLanes) * 4;
+  const float* po = part_out + row * num_splits * D + d;
   pdl_wait_primary();  // launched to overlap the decode's tail (run()): its partial rows only after it
 
-  float m = kNegInf;
-  for (int s = tid; s < num_splits; s += kMergeThreads) m = fmaxf(m, pl[s]);
-  m = warp_max_xor(m, 16);
-  if (lane == 0) red[warp] = m;
-  __syncthreads();
-  float M = kNegInf;
-#pragma unroll
-  for (int v = 0; v < kMergeThreads / 32; ++v) M = fmaxf(M, red[v]);
-  const float M_use = M == kNegInf ? 0.f : M;
-
-  const int grp = tid / kLanes, d = (tid % kLanes) * 4;
-  float L = 0.f;
+  float m = kNegInf, L = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  const float* po = part_out + row * num_splits * D + d;
-#pragma unroll 4
-  for (int s = grp; s < num_splits; s += kGroups) {
-    const float w = exp2f(pl[s] - M_use);
-    const float4 x = *reinterpret_cast<const float4*>(po + static_cast<size_t>(s) * D);
-    L += w;
-    // An empty split (w = 0) contributes nothing, whatever it stored; a NaN of a non-empty one stays.
-    if (w != 0.f) acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+  for (int s0 = grp; s0 < num_splits; s0 += kGroups * kMergeBatch) {
+    float ls[kMergeBatch];
+    float4 x[kMergeBatch];
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b) {
+      const int s = s0 + b * kGroups;
+      ls[b] = s < num_splits ? pl[s] : kNegInf;
+      x[b] = s < num_splits ? *reinterpret_cast<const float4*>(po + static_cast<size_t>(s) * D) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float mb = m;
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b) mb = fmaxf(mb, ls[b]);
+    // While every split so far is empty, mb is -inf: weights against 0 then, so that a NaN lse still reaches L.
+    const float mb_use = mb == kNegInf ? 0.f : mb;
+    const float c = exp2f(m - mb_use);  // 0 while m is -inf (L and acc are 0, or NaN, then)
+    L *= c, acc.x *= c, acc.y *= c, acc.z *= c, acc.w *= c;
+#pragma unroll
+    for (int b = 0; b < kMergeBatch; ++b) {
+      const float w = exp2f(ls[b] - mb_use);
+      L += w;
+      // An empty split (w = 0) contributes nothing, whatever it stored; a NaN of a non-empty one stays.
+      if (w != 0.f) acc.x += w * x[b].x, acc.y += w * x[b].y, acc.z += w * x[b].z, acc.w += w * x[b].w;
+    }
+    m = mb;
   }
   acc_s[grp][tid % kLanes] = acc;
-  if (tid % kLanes == 0) l_s[grp] = L;
+  if (tid % kLanes == 0) m_s[grp] = m, l_s[grp] = L;
   __syncthreads();
   if (grp != 0) return;
-  L = l_s[0];
+  float M = kNegInf;
 #pragma unroll
-  for (int g = 1; g < kGroups; ++g) {
+  for (int g = 0; g < kGroups; ++g) M = fmaxf(M, m_s[g]);
+  const float M_use = M == kNegInf ? 0.f : M;
+  L = 0.f;
+  acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const float c = exp2f(m_s[g] - M_use);
     const float4 x = acc_s[g][tid];
-    acc.x += x.x, acc.y += x.y, acc.z += x.z, acc.w += x.w;
-    L += l_s[g];
+    L += l_s[g] * c;
+    if (c != 0.f) acc.x += c * x.x, acc.y += c * x.y, acc.z += c * x.z, acc.w += c * x.w;
   }
   const float inv = L == 0.f ? 0.f : 1.f / L;
   *reinterpret_cast<float4*>(out + row * D + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
