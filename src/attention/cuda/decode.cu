@@ -99,6 +99,7 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   // where each CTA is one long chain and the register kernel's loads start sooner (docs/GPU_NOTES.md §16).
   p.ring_16bit = opts.ring_16bit >= 0 ? opts.ring_16bit == 1 : base >= std::max(dev.sm_count, 1) / 8;
   const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit);
+  p.packed_heads = kern.has_packed() && group <= 4 && opts.packed_heads != 0;
   if (kern.bulk) {
     // A producer warp when a split of the batch has few CTAs, each a long chain of pages (docs/GPU_NOTES.md
     // §13) -- except for 8- and 4-bit pages of 16 tokens at head dim <= 128 with at least sm_count / 16
@@ -107,10 +108,26 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     // instead of three), but 3-9% slower with 2 or 4 CTAs per split and 4-6% slower for 16-bit pages.
     const int sms = std::max(dev.sm_count, 1);
     const bool self_pages = format_bits(a.geom.format) <= 8 && a.geom.block_size <= 16 && a.geom.head_dim <= 128 && base >= sms / 16;
+    // Since the query is loaded first and the sink goes through the ring (§21, §22), at head dim 128 the
+    // producer's CTAs (three per SM) beat four self-fed ones again where one wave of them holds at least two
+    // splits of the batch and fills >= 90% of its slots, for batches of at least sm_count / 8 CTAs per split:
+    // fp8 / int8 / int4 0.979 / 0.991 / 0.968 of the time on B8 Hkv8 L8192, 0.975 / 0.979 / 0.962 on B8 Hkv16
+    // L16384; on B1 L32768 (8 CTAs per split) 1.019 / 1.006 / 0.990, so not there; where a wave of them holds one
+    // split (B32 L4096, B16 L32768: 256 of 396 slots) or less than the batch (B64 L8192) it lost up to 34%.
+    bool producer_fills = false;
+    if (self_pages && a.geom.head_dim == 128 && base >= sms / 8) {
+      int occ = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.kernel(true, p.packed_heads), kern.threads(true),
+                                                        detail::kRingOffset + 8 * ring_stage_bytes(a.geom)) != cudaSuccess) {
+        cudaGetLastError();
+        occ = 0;
+      }
+      const long long slots = static_cast<long long>(sms) * occ, splits = slots / base;
+      producer_fills = splits >= 2 && base * splits * 10 >= slots * 9;
+    }
     p.producer_warp = opts.ring_feed == RingFeed::kProducer ||
-                      (opts.ring_feed == RingFeed::kAuto && !self_pages && base < sms / 2);
+                      (opts.ring_feed == RingFeed::kAuto && (producer_fills || (!self_pages && base < sms / 2)));
   }
-  p.packed_heads = kern.has_packed() && group <= 4 && opts.packed_heads != 0;
   // The merge's launch overlapped with the decode's last CTAs: 0.5-4.5% faster on the split shapes at head dim
   // 64 and 128, 1-7% slower at 256 (docs/GPU_NOTES.md §21).
   p.overlap_merge = dev.cc_major >= 9 && (opts.overlap_merge > 0 || (opts.overlap_merge < 0 && a.geom.head_dim <= 128));
