@@ -41,6 +41,23 @@ int ring_stage_bytes(const cache::CacheGeometry& g) {
   return detail::ring_pages_per_stage(format_traits(g.format).bits, g.head_dim, g.block_size) * detail::bulk_stage_bytes(g);
 }
 
+// Allows a ring kernel the device's whole opt-in shared memory (the attribute is per function, and plans of
+// other geometries share the instance with rings of other sizes); returns the dynamic bytes it may use.
+// Occupancy queries for rings over 48 KB fail until this is set.
+Result<int> reserve_ring_smem(void (*fn)(detail::DecodeParams), const CudaDeviceInfo& dev) {
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess) {
+    cudaGetLastError();
+    return internal_error("cuda decode: cannot read the kernel's shared-memory size");
+  }
+  // A CudaDeviceInfo filled by hand may lack the opt-in limit: every CUDA GPU grants 48 KB.
+  const size_t optin = dev.smem_per_block_optin > 0 ? dev.smem_per_block_optin : size_t{48} << 10;
+  const int max_dyn = static_cast<int>(optin) - static_cast<int>(fa.sharedSizeBytes);
+  KVQ_RETURN_IF_ERROR(detail::cuda_status(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dyn),
+                                          "cuda decode: reserving the ring"));
+  return max_dyn;
+}
+
 }  // namespace
 
 Status can_implement(const DecodeArgs& a) {
@@ -112,12 +129,17 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     // producer's CTAs (three per SM) beat four self-fed ones again where one wave of them holds at least two
     // splits of the batch and fills >= 90% of its slots, for batches of at least sm_count / 8 CTAs per split:
     // fp8 / int8 / int4 0.979 / 0.991 / 0.968 of the time on B8 Hkv8 L8192, 0.975 / 0.979 / 0.962 on B8 Hkv16
-    // L16384; on B1 L32768 (8 CTAs per split) 1.019 / 1.006 / 0.990, so not there; where a wave of them holds one
-    // split (B32 L4096, B16 L32768: 256 of 396 slots) or less than the batch (B64 L8192) it lost up to 34%.
+    // L16384; on B1 L32768 (8 CTAs per split) forced producers measured 0.98-1.01, so it keeps the self-fed ring;
+    // where a wave of them holds one split (B32 L4096, B16 L32768: 256 of 396 slots) or less than the batch (B64
+    // L8192) the producer lost up to 34%.
     bool producer_fills = false;
     if (self_pages && a.geom.head_dim == 128 && base >= sms / 8) {
+      void (*const fp)(detail::DecodeParams) = kern.kernel(true, p.packed_heads);
+      auto max_dyn = reserve_ring_smem(fp, dev);
+      if (!max_dyn.is_ok()) return max_dyn.status();
+      // Its shared memory with an 8-stage ring (what the rule below gives it at three CTAs per SM).
       int occ = 0;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, kern.kernel(true, p.packed_heads), kern.threads(true),
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fp, kern.threads(true),
                                                         detail::kRingOffset + 8 * ring_stage_bytes(a.geom)) != cudaSuccess) {
         cudaGetLastError();
         occ = 0;
@@ -134,18 +156,9 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   void (*const fn)(detail::DecodeParams) = kern.kernel(p.producer_warp, p.packed_heads);
   p.threads = kern.threads(p.producer_warp);
   if (kern.bulk) {
-    // Allow the kernel the whole opt-in shared memory once: the attribute is per function, and plans
-    // of other geometries (block size) share the instance with rings of other sizes.
-    cudaFuncAttributes fa{};
-    if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess) {
-      cudaGetLastError();
-      return internal_error("cuda decode: cannot read the kernel's shared-memory size");
-    }
-    // A CudaDeviceInfo filled by hand may lack the opt-in limit: every CUDA GPU grants 48 KB.
-    const size_t optin = dev.smem_per_block_optin > 0 ? dev.smem_per_block_optin : size_t{48} << 10;
-    const int max_dyn = static_cast<int>(optin) - static_cast<int>(fa.sharedSizeBytes);
-    KVQ_RETURN_IF_ERROR(detail::cuda_status(
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, max_dyn), "cuda decode: reserving the ring"));
+    auto reserved = reserve_ring_smem(fn, dev);
+    if (!reserved.is_ok()) return reserved.status();
+    const int max_dyn = reserved.value();
     const int stage = ring_stage_bytes(a.geom);
     auto ring_bytes = [&](int s) { return detail::kRingOffset + s * stage; };
     auto occupancy = [&](int s) {
