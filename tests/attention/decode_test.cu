@@ -259,6 +259,53 @@ TEST(CudaDecodeApi, RejectsWhatItCannotRun) {
   EXPECT_EQ(kc::can_implement(a).code(), StatusCode::kInvalidArgument);
 }
 
+// plan() depends on its arguments and the device only: a batch plans the same whatever was planned
+// before in the process. A feed rule that asked the producer kernel's occupancy before reserving its
+// shared memory got the query refused (ring and static memory over 48 KB) until that kernel had been
+// planned once, so the first plan of a process differed from later ones (docs/GPU_NOTES.md §22). ctest
+// runs each test in a process of its own, so here the first plan of each format is a fresh process's.
+TEST(CudaDecodeApi, PlanDoesNotDependOnEarlierPlans) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  auto dummy = kc::DeviceBuffer::create(256);  // plan() reads sizes only; the pointers must merely be valid
+  ASSERT_TRUE(dummy.is_ok());
+  uint8_t* mem = dummy.value().as<uint8_t>();
+  auto args = [&](Format f, int batch, int hkv, int len) {
+    DecodeArgs a;
+    a.geom.num_layers = 1, a.geom.num_kv_heads = hkv, a.geom.head_dim = 128, a.geom.block_size = 16;
+    a.geom.format = f, a.geom.granularity = ScaleGranularity::kPerTokenHead;
+    a.geom.num_pages = batch * (len / 16), a.geom.num_sink_pages = batch * 16;
+    a.layer.k_codes = a.layer.v_codes = mem;
+    a.layer.k_scales = a.layer.v_scales = mem;
+    a.layer.k_sink = a.layer.v_sink = reinterpret_cast<uint16_t*>(mem);
+    a.tables.num_seqs = batch;
+    a.tables.seq_lens = a.tables.sink_lens = a.tables.block_tables = a.tables.sink_tables = reinterpret_cast<int32_t*>(mem);
+    a.tables.max_blocks = len / 16, a.tables.max_sink_blocks = 16;
+    a.q = reinterpret_cast<float*>(mem), a.out = reinterpret_cast<float*>(mem);
+    a.num_q_heads = 4 * hkv, a.softmax_scale = 0.088f;
+    return a;
+  };
+  const CudaDeviceInfo dev = cuda_device_info().value();
+  for (Format f : {Format::kFp8E4m3, Format::kInt8, Format::kInt4}) {
+    const DecodeArgs mid = args(f, 8, 8, 8192);
+    auto first = kc::plan(mid, dev);
+    ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+    kc::DecodeOptions producer, self;
+    producer.ring_feed = kc::RingFeed::kProducer, self.ring_feed = kc::RingFeed::kSelf;
+    for (const DecodeArgs& other : {args(f, 64, 8, 8192), args(f, 1, 8, 32768), args(f, 8, 16, 16384)})
+      for (const kc::DecodeOptions& o : {producer, self, kc::DecodeOptions{}}) ASSERT_TRUE(kc::plan(other, dev, o).is_ok());
+    auto again = kc::plan(mid, dev);
+    ASSERT_TRUE(again.is_ok());
+    const kc::DecodePlan &x = first.value(), &y = again.value();
+    EXPECT_EQ(x.producer_warp, y.producer_warp) << format_name(f);
+    EXPECT_EQ(x.num_splits, y.num_splits) << format_name(f);
+    EXPECT_EQ(x.ring_stages, y.ring_stages) << format_name(f);
+    EXPECT_EQ(x.ctas_per_sm, y.ctas_per_sm) << format_name(f);
+    EXPECT_EQ(x.smem_bytes, y.smem_bytes) << format_name(f);
+    EXPECT_EQ(x.threads, y.threads) << format_name(f);
+  }
+}
+
 // run() only enqueues: it can be captured in a CUDA graph and replayed with the same result.
 TEST(CudaDecodeApi, RunIsGraphCapturable) {
   std::string why;
