@@ -383,8 +383,8 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
   unsigned long long t0 = ~0ull;
   for (long long i = 0; i < n; ++i) t0 = std::min(t0, rows[i * kTimelineWords]);
   std::vector<double> ends(n);
-  double dur = 0, ramp = 0, pages = 0, tail = 0, work = 0, query = 0, item0 = 0, warps = 0;
-  long long with_pages = 0, with_marks = 0;
+  double dur = 0, ramp = 0, pages = 0, tail = 0, work = 0, query = 0, item0 = 0, warps = 0, primed = 0;
+  long long with_pages = 0, with_marks = 0, with_primed = 0;
   for (long long i = 0; i < n; ++i) {
     const unsigned long long* r = &rows[i * kTimelineWords];
     const double st = 1e-3 * static_cast<double>(r[0] - t0);
@@ -400,6 +400,7 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
         item0 += 1e-3 * static_cast<double>(r[9] - r[0]);
         warps += 1e-3 * static_cast<double>(r[10] - r[5]);
         ++with_marks;
+        if (r[7] >= r[0] && r[7] != 0) primed += 1e-3 * static_cast<double>(r[7] - r[0]), ++with_primed;
       }
     }
     tl.last_start_us = std::max(tl.last_start_us, st);
@@ -422,6 +423,7 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
     const double n = static_cast<double>(with_marks);
     tl.mean_work_us = work / n, tl.mean_query_us = query / n, tl.mean_item0_us = item0 / n, tl.mean_warps_us = warps / n;
   }
+  if (with_primed > 0) tl.mean_primed_us = primed / static_cast<double>(with_primed);
   return tl;
 }
 

@@ -104,8 +104,8 @@ struct DecodeBenchRow {
     double mean_ramp_us = 0, mean_pages_us = 0, mean_tail_us = 0;
     // The ring kernel's ramp in steps, means from the CTA's start (0: not marked): work and barriers
     // known, query prepared, warp 0's first ring item arrived; and from warp 0's last page until every
-    // warp is past its pages.
-    double mean_work_us = 0, mean_query_us = 0, mean_item0_us = 0, mean_warps_us = 0;
+    // warp is past its pages. primed: warp 0's first ring requests issued (self-fed rings only; 0 else).
+    double mean_work_us = 0, mean_query_us = 0, mean_item0_us = 0, mean_warps_us = 0, mean_primed_us = 0;
     std::vector<double> start_us, end_us;  // per CTA (timeline index order)
     std::vector<int> sm;                   // the SM it ran on
   } timeline;
