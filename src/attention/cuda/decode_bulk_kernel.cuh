@@ -557,7 +557,6 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   const int warp = warp_uniform(static_cast<int>(threadIdx.x / 32)), lane = threadIdx.x % 32;
   const CtaWork place = cta_place(p);
   const QueryLoad<D> ql = load_query<D>(p, place);
-  prefetch_table_rows(p, place);
   const CtaWork w = cta_work(p, p.block_size / kTileTokens, place);
   if (w.empty()) {
     store_empty(p, w, D);

@@ -39,6 +39,7 @@ __device__ __forceinline__ void start_timeline(const DecodeParams& p, DecodeSmem
   sm.t_start = global_ns();
   sm.t_pages0 = sm.t_pages1 = 0;
   sm.marks = DecodeSmemMarks{};
+  sm.marks.c_start = static_cast<unsigned long long>(clock64());
 }
 
 // ---- pieces shared by the register kernel (16-bit caches) and the bulk kernel (8-bit caches) ----------
@@ -64,28 +65,6 @@ __device__ __forceinline__ CtaWork cta_place(const DecodeParams& p) {
   w.hq0 = w.kv_head * p.group + hg * kMaxGroupPerCta;
   w.valid_heads = min(kMaxGroupPerCta, p.group - hg * kMaxGroupPerCta);
   return w;
-}
-
-// The sequence's block-table rows (main and sink) to L2, from the CTA's start: a CTA's page ids depend on its
-// split's range, which depends on the sequence's length, so without it the table load waits for the
-// length's round trip and then makes its own (both cold: the seq-len load alone took ~2 us of every CTA's
-// ramp, docs/GPU_NOTES.md §22). The rows' 128-byte lines are dealt over the sequence's CTAs (a few
-// prefetches each, every CTA's lines requested within the grid's first microsecond), so the loads after
-// the length hit L2. The whole rows, whatever the lengths: a row is 4 bytes per page of the table's width,
-// noise beside the pages' bytes.
-__device__ __forceinline__ void prefetch_table_rows(const DecodeParams& p, const CtaWork& place) {
-  const int ctas = static_cast<int>(gridDim.x * gridDim.y);
-  const int c = static_cast<int>(blockIdx.x + gridDim.x * blockIdx.y);
-  auto rows = [&](const int32_t* table, int width, int first_line) {
-    const uintptr_t a0 = reinterpret_cast<uintptr_t>(table + static_cast<size_t>(place.seq) * width) & ~uintptr_t{127};
-    const uintptr_t a1 = reinterpret_cast<uintptr_t>(table + static_cast<size_t>(place.seq + 1) * width);
-    const int lines = static_cast<int>((a1 - a0 + 127) / 128);
-    for (int i = (c + first_line) % ctas + static_cast<int>(threadIdx.x) * ctas; i < lines;
-         i += static_cast<int>(blockDim.x) * ctas)
-      l2_prefetch(reinterpret_cast<const void*>(a0 + static_cast<uintptr_t>(i) * 128));
-  };
-  if (p.max_blocks > 0) rows(p.block_tables, p.max_blocks, 0);
-  if (p.max_sink_blocks > 0 && p.sink_tables != nullptr) rows(p.sink_tables, p.max_sink_blocks, ctas / 2);
 }
 
 // Its tiles, from the sequence's lengths (`w`: cta_place's).

@@ -16,7 +16,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kMinCtas) decode_kernel(const 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const CtaWork place = cta_place(p);
   const QueryLoad<D> ql = load_query<D>(p, place);
-  prefetch_table_rows(p, place);
   const CtaWork w = cta_work(p, 1, place);
   if (w.empty()) {
     store_empty(p, w, D);

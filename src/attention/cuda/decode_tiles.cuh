@@ -72,8 +72,10 @@ __device__ __forceinline__ unsigned long long global_ns() {
   return t;
 }
 // Marks of the ramp's steps (DecodePlan::cta_timeline words 6-10), kept in shared memory by thread 0.
+// c_start: thread 0's SM clock (clock64) at the CTA's start, against which the end's gives the SM's clock
+// rate over the CTA (words 11-12; a replay that runs slow at a lower clock is then told from one that waits).
 struct DecodeSmemMarks {
-  unsigned long long t_work, t_primed, t_query, t_item0, t_warps;
+  unsigned long long t_work, t_primed, t_query, t_item0, t_warps, c_start;
 };
 __device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned long long t0, int pages,
                                                 unsigned long long t_pages0, unsigned long long t_pages1,
@@ -89,6 +91,7 @@ __device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned 
   // ring prime issued, query prepared, warp 0's first ring item arrived, every warp past its pages.
   const DecodeSmemMarks mk = marks != nullptr ? *marks : DecodeSmemMarks{};
   row[6] = mk.t_work, row[7] = mk.t_primed, row[8] = mk.t_query, row[9] = mk.t_item0, row[10] = mk.t_warps;
+  row[11] = mk.c_start, row[12] = mk.c_start != 0 ? static_cast<unsigned long long>(clock64()) : 0ull;
 }
 __device__ __forceinline__ void mark_timeline(const DecodeParams& p, unsigned long long& t) {
   if (p.timeline != nullptr && threadIdx.x == 0) t = global_ns();

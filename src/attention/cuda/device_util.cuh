@@ -56,9 +56,6 @@ __device__ __forceinline__ void mma_m16n8k8_bf16(float c[4], uint32_t a0, uint32
 
 // ---- loads ---------------------------------------------------------------------------------------
 
-// Brings the 128-byte line at p into L2 (no register, no wait).
-__device__ __forceinline__ void l2_prefetch(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
-
 // K/V bytes are read exactly once: keep them out of L1.
 __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
   uint4 r;

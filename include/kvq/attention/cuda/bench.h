@@ -67,6 +67,7 @@ struct DecodeBenchOptions {
   int overlap_merge = -1;  // DecodeOptions::overlap_merge (-1: the planner's choice)
   int sink_in_ring = -1;   // DecodeOptions::sink_in_ring (-1: the planner's choice)
   bool timeline = false;  // one more cold run per case with DecodePlan::cta_timeline (DecodeBenchRow::timeline)
+  int timeline_runs = 1;  // with timeline: that many cold runs, each summarised (Timeline::runs), the first in full
   uint64_t seed = 1;
   BenchTiming timing;
 };
@@ -108,6 +109,17 @@ struct DecodeBenchRow {
     double mean_work_us = 0, mean_query_us = 0, mean_item0_us = 0, mean_warps_us = 0, mean_primed_us = 0;
     std::vector<double> start_us, end_us;  // per CTA (timeline index order)
     std::vector<int> sm;                   // the SM it ran on
+    // The SM clock over the CTAs with work (their clock64 cycles per global-timer ns), mean and lowest.
+    double mean_sm_mhz = 0, min_sm_mhz = 0;
+    // Every cold run (the first is the one above): its time between CUDA events around a plain launch (no
+    // graph: a few us of launch more than the median's replays), span, mean CTA, mean time in the main
+    // pages, the SMs' clock, and the CTAs per SM of the most loaded SM. Replays that differ in time are
+    // then told apart: slower at a lower clock, or CTAs that waited.
+    struct Run {
+      double event_us = 0, span_us = 0, mean_cta_us = 0, mean_pages_us = 0, mean_sm_mhz = 0, min_sm_mhz = 0;
+      int max_ctas_per_sm = 0;
+    };
+    std::vector<Run> runs;
   } timeline;
 };
 
