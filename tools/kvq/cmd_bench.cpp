@@ -28,6 +28,7 @@ namespace {
 struct BenchCliOptions {
   std::string json_path;
   int iters = 50, warmup = 5;
+  double warmup_ms = 30;
   bool warm_l2 = false;
   std::string l2_flush = "read";  // read | write (kc::L2Flush)
   // decode
@@ -133,6 +134,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
   kc::BenchTiming timing;
   timing.iters = std::max(o.iters, 30);
   timing.warmup = std::max(o.warmup, 1);
+  timing.warmup_ms = o.warmup_ms;
   timing.cold_l2 = !o.warm_l2;
   timing.flush = o.l2_flush == "write" ? kc::L2Flush::kWrite : kc::L2Flush::kRead;
   auto copy = kc::measure_copy_bandwidth();
@@ -164,7 +166,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     }
     j["gather"] = gathers;
   }
-  j["timing"] = {{"iters", timing.iters}, {"warmup", timing.warmup}, {"cold_l2", timing.cold_l2},
+  j["timing"] = {{"iters", timing.iters}, {"warmup", timing.warmup}, {"warmup_ms", timing.warmup_ms}, {"cold_l2", timing.cold_l2},
                  {"l2_flush", timing.cold_l2 ? o.l2_flush : "none"}, {"graph_replays", true}};
 
   if (decode) {
@@ -224,6 +226,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                      {"us_median", r.us_median},
                      {"us_min", r.us_min},
                      {"us_max", r.us_max},
+                     {"us_replays", r.us_replays},
                      {"kv_bytes", r.kv_bytes},
                      {"tb_per_s", r.tb_per_s},
                      {"frac_of_copy", r.frac_of_copy},
@@ -371,7 +374,10 @@ int dispatch(const BenchCliOptions& o, bool decode) {
 void add_common(CLI::App* c, BenchCliOptions& o) {
   c->add_option("--json", o.json_path, "Also write the results as JSON to this file");
   c->add_option("--iters", o.iters, "Timed CUDA-graph replays per case (>= 30)")->capture_default_str();
-  c->add_option("--warmup", o.warmup, "Untimed replays first")->capture_default_str();
+  c->add_option("--warmup", o.warmup, "Untimed replays first (at least; they also last >= --warmup-ms)")->capture_default_str();
+  c->add_option("--warmup-ms", o.warmup_ms, "Untimed replays for at least this long per case")
+      ->check(CLI::Range(0.0, 10000.0))
+      ->capture_default_str();
   c->add_flag("--warm-l2", o.warm_l2, "Do not flush L2 between replays (default: cold L2)");
   c->add_option("--l2-flush", o.l2_flush,
                 "How cold-L2 replays evict L2: read (stream a 2x-L2 buffer; L2 left clean, as after a weight GEMM) "

@@ -1,5 +1,6 @@
 // GPU benchmark core (see include/kvq/attention/cuda/bench.h).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -23,11 +24,13 @@ using detail::cuda_status;
 
 struct Stats {
   double median = 0, min = 0, max = 0;
+  std::vector<double> us_each;  // every timed replay, in order
 };
 
 Stats summarize(std::vector<float> ms) {
-  std::sort(ms.begin(), ms.end());
   Stats s;
+  for (float m : ms) s.us_each.push_back(1e3 * m);
+  std::sort(ms.begin(), ms.end());
   s.median = 1e3 * (ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]));
   s.min = 1e3 * ms.front();
   s.max = 1e3 * ms.back();
@@ -89,11 +92,27 @@ Status flush_l2(const BenchTiming& timing, DeviceBuffer& flush, cudaStream_t s) 
   return detail::launch_status("L2 flush (read)");
 }
 
-// Replays the graph, flushing L2 (untimed) before each timed replay.
+// Replays the graph, flushing L2 (untimed) before each timed replay. The case's setup (codes and scales
+// filled by kernels, memsets) runs on the legacy default stream, which the timer's non-blocking stream
+// does not wait for, hence the device-wide wait first. The warm-up lasts at least BenchTiming::warmup_ms:
+// after the previous case freed its buffers, a case's first ~10 ms of replays ran slow (fp8 B16 Hq32
+// Hkv16 L32768 after bf16: the first 18-20 replays at ~600 us, then ~528; docs/GPU_NOTES.md §23).
 Result<Stats> time_graph(Timer& t, Graph& g, const BenchTiming& timing, DeviceBuffer* flush) {
+  KVQ_CUDA_TRY(cudaDeviceSynchronize(), "waiting for the case's setup");
   std::vector<float> ms;
   const int iters = std::max(timing.iters, 30);
-  for (int i = 0; i < timing.warmup + iters; ++i) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int warm = 0;
+  auto warming = [&] {
+    return warm < timing.warmup ||
+           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < timing.warmup_ms;
+  };
+  for (; warming(); ++warm) {
+    if (flush != nullptr && timing.cold_l2) KVQ_RETURN_IF_ERROR(flush_l2(timing, *flush, t.stream));
+    KVQ_CUDA_TRY(cudaGraphLaunch(g.exec, t.stream), "graph launch");
+    KVQ_CUDA_TRY(cudaStreamSynchronize(t.stream), "warm-up");
+  }
+  for (int i = 0; i < iters; ++i) {
     if (flush != nullptr && timing.cold_l2) KVQ_RETURN_IF_ERROR(flush_l2(timing, *flush, t.stream));
     KVQ_CUDA_TRY(cudaEventRecord(t.start, t.stream), "event record");
     KVQ_CUDA_TRY(cudaGraphLaunch(g.exec, t.stream), "graph launch");
@@ -101,7 +120,7 @@ Result<Stats> time_graph(Timer& t, Graph& g, const BenchTiming& timing, DeviceBu
     KVQ_CUDA_TRY(cudaEventSynchronize(t.stop), "event sync");
     float m = 0;
     KVQ_CUDA_TRY(cudaEventElapsedTime(&m, t.start, t.stop), "elapsed");
-    if (i >= timing.warmup) ms.push_back(m);
+    ms.push_back(m);
   }
   return summarize(std::move(ms));
 }
@@ -436,6 +455,7 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
   plan.cta_timeline = buf.value().as<unsigned long long>();
   DecodeBenchRow::Timeline first;
   std::vector<unsigned long long> rows(static_cast<size_t>(n) * kTimelineWords);
+  KVQ_CUDA_TRY(cudaDeviceSynchronize(), "waiting for the case's setup");  // as in time_graph
   for (int run_i = 0; run_i < std::max(runs, 1); ++run_i) {
     if (timing.cold_l2) KVQ_RETURN_IF_ERROR(flush_l2(timing, flush, t.stream));
     KVQ_CUDA_TRY(cudaEventRecord(t.start, t.stream), "event record");
@@ -568,7 +588,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   KVQ_RETURN_IF_ERROR(capture(t, gr, [&](cudaStream_t s) { return run(a, plan.value(), ws.value().get(), s); }));
   auto stats = time_graph(t, gr, o.timing, &flush);
   if (!stats.is_ok()) return stats.status();
-  row.us_median = stats->median, row.us_min = stats->min, row.us_max = stats->max;
+  row.us_median = stats->median, row.us_min = stats->min, row.us_max = stats->max, row.us_replays = stats->us_each;
 
   const double b = sh.batch, hkv = sh.num_kv_heads, d = sh.head_dim;
   double bytes = b * main_tokens * hkv * d * elem_bytes(f) * 2 + b * sink * hkv * d * 2 * 2;

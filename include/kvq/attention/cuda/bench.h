@@ -38,6 +38,9 @@ enum class L2Flush { kRead, kWrite };
 
 struct BenchTiming {
   int warmup = 5;
+  // ... and untimed replays until this much time has passed: right after the previous case freed its
+  // buffers (GBs at the large shapes), a case's first replays of ~10 ms ran 13% slow (docs/GPU_NOTES.md §23).
+  double warmup_ms = 30;
   int iters = 50;         // timed graph replays (>= 30)
   bool cold_l2 = true;
   L2Flush flush = L2Flush::kRead;
@@ -79,6 +82,7 @@ struct DecodeBenchRow {
   int block_size = 16;
   int sink_tokens = 0, splits = 1, ctas_per_sm = 0;
   double us_median = 0, us_min = 0, us_max = 0;
+  std::vector<double> us_replays;  // every timed replay in order (a case whose median moves between runs)
   double kv_bytes = 0;        // codes + scales + sink read
   double tb_per_s = 0;        // kv_bytes / median
   double frac_of_copy = 0;    // tb_per_s / copy bandwidth
