@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -306,38 +307,63 @@ TEST(CudaDecodeApi, PlanDoesNotDependOnEarlierPlans) {
   }
 }
 
-// run() only enqueues: it can be captured in a CUDA graph and replayed with the same result.
-TEST(CudaDecodeApi, RunIsGraphCapturable) {
-  std::string why;
-  if (!have_gpu(&why)) GTEST_SKIP() << why;
+// A small fp8 decode (two sequences of 900 and 40 tokens, 2 kv heads x 4 query heads, D128, a sink of
+// 16) uploaded and ready to run: the API tests' common case.
+struct SmallDecode {
+  SyntheticCache sc;
+  std::optional<kc::DeviceLayer> layer;
+  std::optional<kc::DeviceTables> tables;
+  std::optional<kc::DeviceBuffer> q, out;
+  size_t n_out = 0;
+  DecodeArgs a;
+};
+Status make_small_decode(SmallDecode& x) {
   AttnCase c;
   c.format = Format::kFp8E4m3;
   c.head_dim = 128, c.num_kv_heads = 2, c.group = 4, c.block_size = 16, c.sink = 16;
   c.lens = {900, 40};
   c.seed = 99;
   auto built = build_synthetic_cache(c.cache_options());
-  ASSERT_TRUE(built.is_ok());
-  SyntheticCache sc = std::move(built).value();
-  const auto tables = sc.cache->batch_tables(sc.seqs);
-  auto layer = upload_layer(*sc.cache, 0);
+  if (!built.is_ok()) return built.status();
+  x.sc = std::move(built).value();
+  const auto tables = x.sc.cache->batch_tables(x.sc.seqs);
+  auto layer = upload_layer(*x.sc.cache, 0);
+  if (!layer.is_ok()) return layer.status();
   auto dtab = kc::DeviceTables::upload(tables.seq_lens, tables.sink_lens, tables.block_tables, tables.max_blocks,
                                        tables.sink_tables, tables.max_sink_blocks);
-  ASSERT_TRUE(layer.is_ok() && dtab.is_ok());
+  if (!dtab.is_ok()) return dtab.status();
   const int hq = c.num_q_heads(), d = c.head_dim;
   std::vector<float> q(2 * hq * d);
   std::mt19937_64 rng(3);
-  sample_queries(sc.profiles[0], hq, 2, 0.088f, 2.f, rng, q.data());
+  sample_queries(x.sc.profiles[0], hq, 2, 0.088f, 2.f, rng, q.data());
   auto dq = kc::DeviceBuffer::create(q.size() * 4), dout = kc::DeviceBuffer::create(q.size() * 4);
-  ASSERT_TRUE(dq.is_ok() && dout.is_ok());
-  ASSERT_OK(dq.value().upload(q.data(), q.size() * 4));
-  DecodeArgs a;
-  a.geom = sc.cache->geometry();
-  a.layer = layer.value().view();
-  a.tables = dtab.value().view();
-  a.q = dq.value().as<float>();
-  a.out = dout.value().as<float>();
-  a.num_q_heads = hq;
-  a.softmax_scale = 0.088f;
+  if (!dq.is_ok()) return dq.status();
+  if (!dout.is_ok()) return dout.status();
+  KVQ_RETURN_IF_ERROR(dq.value().upload(q.data(), q.size() * 4));
+  x.layer.emplace(std::move(layer).value());
+  x.tables.emplace(std::move(dtab).value());
+  x.q.emplace(std::move(dq).value());
+  x.out.emplace(std::move(dout).value());
+  x.n_out = q.size();
+  x.a.geom = x.sc.cache->geometry();
+  x.a.layer = x.layer->view();
+  x.a.tables = x.tables->view();
+  x.a.q = x.q->as<float>();
+  x.a.out = x.out->as<float>();
+  x.a.num_q_heads = hq;
+  x.a.softmax_scale = 0.088f;
+  return Status::ok();
+}
+
+// run() only enqueues: it can be captured in a CUDA graph and replayed with the same result.
+TEST(CudaDecodeApi, RunIsGraphCapturable) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  SmallDecode x;
+  ASSERT_OK(make_small_decode(x));
+  const DecodeArgs& a = x.a;
+  kc::DeviceBuffer& dout = *x.out;
+  const size_t n_out = x.n_out;
   kc::DecodeOptions o;
   o.force_splits = 5;
   auto plan = kc::plan(a, cuda_device_info().value(), o);
@@ -346,9 +372,9 @@ TEST(CudaDecodeApi, RunIsGraphCapturable) {
   ASSERT_TRUE(ws.is_ok());
   ASSERT_OK(kc::run(a, plan.value(), ws.value().get(), nullptr));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<float> direct(q.size()), replay(q.size());
-  ASSERT_OK(dout.value().download(direct.data(), direct.size() * 4));
-  ASSERT_OK(dout.value().fill_byte(0));
+  std::vector<float> direct(n_out), replay(n_out);
+  ASSERT_OK(dout.download(direct.data(), direct.size() * 4));
+  ASSERT_OK(dout.fill_byte(0));
 
   cudaStream_t s;
   ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
@@ -361,7 +387,7 @@ TEST(CudaDecodeApi, RunIsGraphCapturable) {
   ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
   for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaGraphLaunch(ge, s), cudaSuccess);
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  ASSERT_OK(dout.value().download(replay.data(), replay.size() * 4));
+  ASSERT_OK(dout.download(replay.data(), replay.size() * 4));
   EXPECT_EQ(std::memcmp(direct.data(), replay.data(), direct.size() * 4), 0);
   // The merge launched as a plain kernel (no programmatic overlap with the decode) gives the same bits:
   // the overlap changes when the merge's CTAs start, not what they read.
@@ -370,15 +396,73 @@ TEST(CudaDecodeApi, RunIsGraphCapturable) {
   auto plain = kc::plan(a, cuda_device_info().value(), o);
   ASSERT_TRUE(plain.is_ok());
   ASSERT_FALSE(plain.value().overlap_merge);
-  std::vector<float> serial(q.size());
-  ASSERT_OK(dout.value().fill_byte(0xFF));
+  std::vector<float> serial(n_out);
+  ASSERT_OK(dout.fill_byte(0xFF));
   ASSERT_OK(kc::run(a, plain.value(), ws.value().get(), s));
   ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
-  ASSERT_OK(dout.value().download(serial.data(), serial.size() * 4));
+  ASSERT_OK(dout.download(serial.data(), serial.size() * 4));
   EXPECT_EQ(std::memcmp(direct.data(), serial.data(), direct.size() * 4), 0);
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
+}
+
+// DecodePlan::cta_timeline (kvq bench decode --timeline) only observes: every CTA of the decode kernel
+// writes its row (start <= end in the global timer, its SM, its SM clock over the CTA), and the output is
+// the same bits as without it.
+TEST(CudaDecodeApi, TimelineRecordsEveryCtaAndChangesNothing) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  SmallDecode x;
+  ASSERT_OK(make_small_decode(x));
+  const CudaDeviceInfo dev = cuda_device_info().value();
+  for (int splits : {1, 5}) {
+    kc::DecodeOptions o;
+    o.force_splits = splits;
+    auto plan = kc::plan(x.a, dev, o);
+    ASSERT_TRUE(plan.is_ok());
+    auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(x.a, plan.value()), 16));
+    ASSERT_TRUE(ws.is_ok());
+    std::vector<float> plain(x.n_out), timed(x.n_out);
+    ASSERT_OK(x.out->fill_byte(0xFF));
+    ASSERT_OK(kc::run(x.a, plan.value(), ws.value().get(), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_OK(x.out->download(plain.data(), plain.size() * 4));
+
+    const long long n = kc::cta_timeline_entries(plan.value(), x.a.geom.num_kv_heads);
+    ASSERT_GT(n, 0);
+    auto buf = kc::DeviceBuffer::create(static_cast<size_t>(n) * kc::kTimelineWords * 8);
+    ASSERT_TRUE(buf.is_ok());
+    ASSERT_OK(buf.value().fill_byte(0xFF));  // a row no CTA writes stays all ones and fails below
+    kc::DecodePlan with = plan.value();
+    with.cta_timeline = buf.value().as<unsigned long long>();
+    ASSERT_OK(x.out->fill_byte(0xFF));
+    ASSERT_OK(kc::run(x.a, with, ws.value().get(), nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_OK(x.out->download(timed.data(), timed.size() * 4));
+    EXPECT_EQ(std::memcmp(plain.data(), timed.data(), plain.size() * 4), 0) << splits << " splits";
+
+    std::vector<unsigned long long> rows(static_cast<size_t>(n) * kc::kTimelineWords);
+    ASSERT_OK(buf.value().download(rows.data(), rows.size() * 8));
+    long long with_work = 0;
+    for (long long i = 0; i < n; ++i) {
+      const unsigned long long* r = &rows[i * kc::kTimelineWords];
+      ASSERT_LE(r[0], r[1]) << "CTA " << i;
+      ASSERT_LT(r[1] - r[0], 1000000000ull) << "CTA " << i << ": a second or more, or an unwritten row";
+      ASSERT_LT(r[2], static_cast<unsigned long long>(dev.sm_count)) << "CTA " << i;
+      if (r[3] == 0) continue;  // no main pages (a short sequence's empty split)
+      ++with_work;
+      if (r[4] != 0)  // warp 0's first and last main page (0: warp 0 had none)
+        ASSERT_TRUE(r[4] >= r[0] && r[5] >= r[4] && r[1] >= r[5]) << "CTA " << i << ": pages outside the CTA";
+      ASSERT_NE(r[11], 0u) << "CTA " << i;
+      ASSERT_GT(r[12], r[11]) << "CTA " << i;
+      // cycles per ns: an SM clock between 0.1 and 5 GHz
+      const double ghz = static_cast<double>(r[12] - r[11]) / static_cast<double>(std::max(r[1] - r[0], 1ull));
+      EXPECT_GT(ghz, 0.1) << "CTA " << i;
+      EXPECT_LT(ghz, 5.0) << "CTA " << i;
+    }
+    EXPECT_GT(with_work, 0);
+  }
 }
 
 }  // namespace

@@ -28,6 +28,7 @@ namespace {
 struct BenchCliOptions {
   std::string json_path;
   int iters = 50, warmup = 5;
+  double warmup_ms = 30;
   bool warm_l2 = false;
   std::string l2_flush = "read";  // read | write (kc::L2Flush)
   // decode
@@ -36,6 +37,7 @@ struct BenchCliOptions {
   std::string block_sizes;  // "16,32": every case at each (default: --block-size)
   int splits = 0;
   bool timeline = false;  // per case: the decode kernel's CTA start/end times in one more cold run
+  int timeline_runs = 1;  // ... in that many cold runs, each summarised
   // write
   CacheCliOptions write_cache;
   int tokens = 16384, heads = 8, head_dim = 128;
@@ -132,6 +134,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
   kc::BenchTiming timing;
   timing.iters = std::max(o.iters, 30);
   timing.warmup = std::max(o.warmup, 1);
+  timing.warmup_ms = o.warmup_ms;
   timing.cold_l2 = !o.warm_l2;
   timing.flush = o.l2_flush == "write" ? kc::L2Flush::kWrite : kc::L2Flush::kRead;
   auto copy = kc::measure_copy_bandwidth();
@@ -163,7 +166,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     }
     j["gather"] = gathers;
   }
-  j["timing"] = {{"iters", timing.iters}, {"warmup", timing.warmup}, {"cold_l2", timing.cold_l2},
+  j["timing"] = {{"iters", timing.iters}, {"warmup", timing.warmup}, {"warmup_ms", timing.warmup_ms}, {"cold_l2", timing.cold_l2},
                  {"l2_flush", timing.cold_l2 ? o.l2_flush : "none"}, {"graph_replays", true}};
 
   if (decode) {
@@ -192,7 +195,8 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     if (const char* env = std::getenv("KVQ_DECODE_OVERLAP_MERGE")) d.overlap_merge = std::atoi(env);
     // And for the sink's path in the ring kernel (§21): 0 the register path.
     if (const char* env = std::getenv("KVQ_DECODE_SINK_RING")) d.sink_in_ring = std::atoi(env) == 0 ? 0 : -1;
-    d.timeline = o.timeline;
+    d.timeline = o.timeline || o.timeline_runs > 1;
+    d.timeline_runs = o.timeline_runs;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);
     if (!rows.is_ok()) return fail("decode", rows.status());
@@ -222,6 +226,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                      {"us_median", r.us_median},
                      {"us_min", r.us_min},
                      {"us_max", r.us_max},
+                     {"us_replays", r.us_replays},
                      {"kv_bytes", r.kv_bytes},
                      {"tb_per_s", r.tb_per_s},
                      {"frac_of_copy", r.frac_of_copy},
@@ -234,22 +239,22 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                      {"speedup_vs_bf16", r.speedup_vs_bf16},
                      {"time_vs_bf16", r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0}});
     }
-    if (o.timeline) {
+    if (d.timeline) {
       std::printf("\ndecode kernel CTAs in one cold run (us after the first CTA's start; the rest of the median is launch"
                   " and merge; ramp/pages/tail: a CTA's mean time to its first main page, in them, after them;\n"
-                  " work/query/item0: to its work and barriers, its query, warp 0's first ring item; warps: warp 0's last"
-                  " page to every warp's)\n"
-                  "%-30s %-13s %3s %6s %10s %8s %10s %9s %9s %9s %7s %7s %7s %6s %6s %6s %6s\n",
+                  " work/primed/query/item0: to its work and barriers, warp 0's first ring requests (self-fed rings), its"
+                  " query, warp 0's first ring item; warps: warp 0's last page to every warp's; mhz: the SMs' mean clock)\n"
+                  "%-30s %-13s %3s %6s %10s %8s %10s %9s %9s %9s %7s %7s %7s %6s %6s %6s %6s %6s %6s\n",
                   "shape", "format", "bs", "ctas", "median_us", "span", "last_start", "first_end", "med_end", "mean_cta",
-                  "ramp", "pages", "tail", "work", "query", "item0", "warps");
+                  "ramp", "pages", "tail", "work", "primed", "query", "item0", "warps", "mhz");
       for (size_t i = 0; i < rows.value().size(); ++i) {
         const auto& r = rows.value()[i];
         const auto& tl = r.timeline;
-        std::printf("%-30s %-13s %3d %6d %10.2f %8.2f %10.2f %9.2f %9.2f %9.2f %7.2f %7.2f %7.2f %6.2f %6.2f %6.2f %6.2f\n",
+        std::printf("%-30s %-13s %3d %6d %10.2f %8.2f %10.2f %9.2f %9.2f %9.2f %7.2f %7.2f %7.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.0f\n",
                     r.shape.label().c_str(), format_name(r.format), r.block_size, tl.ctas, r.us_median, tl.span_us,
                     tl.last_start_us, tl.first_end_us, tl.median_end_us, tl.mean_cta_us, tl.mean_ramp_us,
-                    tl.mean_pages_us, tl.mean_tail_us, tl.mean_work_us, tl.mean_query_us, tl.mean_item0_us,
-                    tl.mean_warps_us);
+                    tl.mean_pages_us, tl.mean_tail_us, tl.mean_work_us, tl.mean_primed_us, tl.mean_query_us,
+                    tl.mean_item0_us, tl.mean_warps_us, tl.mean_sm_mhz);
         arr[i]["timeline"] = {{"ctas", tl.ctas},
                               {"span_us", tl.span_us},
                               {"last_start_us", tl.last_start_us},
@@ -260,12 +265,39 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                               {"mean_pages_us", tl.mean_pages_us},
                               {"mean_tail_us", tl.mean_tail_us},
                               {"mean_work_us", tl.mean_work_us},
+                              {"mean_primed_us", tl.mean_primed_us},
                               {"mean_query_us", tl.mean_query_us},
                               {"mean_item0_us", tl.mean_item0_us},
                               {"mean_warps_us", tl.mean_warps_us},
+                              {"mean_sm_mhz", tl.mean_sm_mhz},
+                              {"min_sm_mhz", tl.min_sm_mhz},
                               {"cta_start_us", tl.start_us},
                               {"cta_end_us", tl.end_us},
                               {"cta_sm", tl.sm}};
+        nlohmann::json runs = nlohmann::json::array();
+        for (const auto& run : tl.runs)
+          runs.push_back({{"event_us", run.event_us},
+                          {"span_us", run.span_us},
+                          {"mean_cta_us", run.mean_cta_us},
+                          {"mean_pages_us", run.mean_pages_us},
+                          {"mean_sm_mhz", run.mean_sm_mhz},
+                          {"min_sm_mhz", run.min_sm_mhz},
+                          {"max_ctas_per_sm", run.max_ctas_per_sm}});
+        arr[i]["timeline"]["runs"] = runs;
+      }
+      if (o.timeline_runs > 1) {
+        // One line per cold run: which runs were slow, and whether at a lower SM clock or with CTAs waiting.
+        std::printf("\ncold runs with per-CTA timestamps (event_us: a plain launch between CUDA events, a few us above"
+                    " a graph replay; mhz: the SMs' clock over their CTAs, mean and lowest; ctas/sm: the most loaded SM)\n"
+                    "%-30s %-13s %3s %4s %9s %8s %9s %8s %8s %8s %7s\n",
+                    "shape", "format", "bs", "run", "event_us", "span", "mean_cta", "pages", "mhz", "min_mhz", "ctas/sm");
+        for (const auto& r : rows.value())
+          for (size_t k = 0; k < r.timeline.runs.size(); ++k) {
+            const auto& run = r.timeline.runs[k];
+            std::printf("%-30s %-13s %3d %4zu %9.2f %8.2f %9.2f %8.2f %8.0f %8.0f %7d\n", r.shape.label().c_str(),
+                        format_name(r.format), r.block_size, k, run.event_us, run.span_us, run.mean_cta_us,
+                        run.mean_pages_us, run.mean_sm_mhz, run.min_sm_mhz, run.max_ctas_per_sm);
+          }
       }
     }
     j["decode"] = arr;
@@ -342,7 +374,10 @@ int dispatch(const BenchCliOptions& o, bool decode) {
 void add_common(CLI::App* c, BenchCliOptions& o) {
   c->add_option("--json", o.json_path, "Also write the results as JSON to this file");
   c->add_option("--iters", o.iters, "Timed CUDA-graph replays per case (>= 30)")->capture_default_str();
-  c->add_option("--warmup", o.warmup, "Untimed replays first")->capture_default_str();
+  c->add_option("--warmup", o.warmup, "Untimed replays first (at least; they also last >= --warmup-ms)")->capture_default_str();
+  c->add_option("--warmup-ms", o.warmup_ms, "Untimed replays for at least this long per case")
+      ->check(CLI::Range(0.0, 10000.0))
+      ->capture_default_str();
   c->add_flag("--warm-l2", o.warm_l2, "Do not flush L2 between replays (default: cold L2)");
   c->add_option("--l2-flush", o.l2_flush,
                 "How cold-L2 replays evict L2: read (stream a 2x-L2 buffer; L2 left clean, as after a weight GEMM) "
@@ -367,6 +402,11 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
   dec->add_flag("--timeline", opt->timeline,
                 "Also run each case once more with per-CTA timestamps and print when its CTAs start and end "
                 "(where a one-wave kernel's time goes: ramp, tail, launch and merge)");
+  dec->add_option("--timeline-runs", opt->timeline_runs,
+                  "With --timeline (implied when > 1): that many cold runs, one line each with its time, span and SM "
+                  "clock (which of a case's runs are slow, and why)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   dec->callback([which] { *which = 1; });
   CLI::App* wr = sub->add_subcommand("write", "Quantize + scatter of new K/V rows into pages");
   add_common(wr, *opt);

@@ -1,5 +1,6 @@
 // GPU benchmark core (see include/kvq/attention/cuda/bench.h).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <numeric>
 #include <random>
@@ -23,11 +24,13 @@ using detail::cuda_status;
 
 struct Stats {
   double median = 0, min = 0, max = 0;
+  std::vector<double> us_each;  // every timed replay, in order
 };
 
 Stats summarize(std::vector<float> ms) {
-  std::sort(ms.begin(), ms.end());
   Stats s;
+  for (float m : ms) s.us_each.push_back(1e3 * m);
+  std::sort(ms.begin(), ms.end());
   s.median = 1e3 * (ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]));
   s.min = 1e3 * ms.front();
   s.max = 1e3 * ms.back();
@@ -89,11 +92,27 @@ Status flush_l2(const BenchTiming& timing, DeviceBuffer& flush, cudaStream_t s) 
   return detail::launch_status("L2 flush (read)");
 }
 
-// Replays the graph, flushing L2 (untimed) before each timed replay.
+// Replays the graph, flushing L2 (untimed) before each timed replay. The case's setup (codes and scales
+// filled by kernels, memsets) runs on the legacy default stream, which the timer's non-blocking stream
+// does not wait for, hence the device-wide wait first. The warm-up lasts at least BenchTiming::warmup_ms:
+// after the previous case freed its buffers, a case's first ~10 ms of replays ran slow (fp8 B16 Hq32
+// Hkv16 L32768 after bf16: the first 18-20 replays at ~600 us, then ~528; docs/GPU_NOTES.md §23).
 Result<Stats> time_graph(Timer& t, Graph& g, const BenchTiming& timing, DeviceBuffer* flush) {
+  KVQ_CUDA_TRY(cudaDeviceSynchronize(), "waiting for the case's setup");
   std::vector<float> ms;
   const int iters = std::max(timing.iters, 30);
-  for (int i = 0; i < timing.warmup + iters; ++i) {
+  const auto t0 = std::chrono::steady_clock::now();
+  int warm = 0;
+  auto warming = [&] {
+    return warm < timing.warmup ||
+           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < timing.warmup_ms;
+  };
+  for (; warming(); ++warm) {
+    if (flush != nullptr && timing.cold_l2) KVQ_RETURN_IF_ERROR(flush_l2(timing, *flush, t.stream));
+    KVQ_CUDA_TRY(cudaGraphLaunch(g.exec, t.stream), "graph launch");
+    KVQ_CUDA_TRY(cudaStreamSynchronize(t.stream), "warm-up");
+  }
+  for (int i = 0; i < iters; ++i) {
     if (flush != nullptr && timing.cold_l2) KVQ_RETURN_IF_ERROR(flush_l2(timing, *flush, t.stream));
     KVQ_CUDA_TRY(cudaEventRecord(t.start, t.stream), "event record");
     KVQ_CUDA_TRY(cudaGraphLaunch(g.exec, t.stream), "graph launch");
@@ -101,7 +120,7 @@ Result<Stats> time_graph(Timer& t, Graph& g, const BenchTiming& timing, DeviceBu
     KVQ_CUDA_TRY(cudaEventSynchronize(t.stop), "event sync");
     float m = 0;
     KVQ_CUDA_TRY(cudaEventElapsedTime(&m, t.start, t.stop), "elapsed");
-    if (i >= timing.warmup) ms.push_back(m);
+    ms.push_back(m);
   }
   return summarize(std::move(ms));
 }
@@ -366,25 +385,16 @@ Status check_bench_size(const std::string& what, double tokens, int num_kv_heads
   return Status::ok();
 }
 
-// One more cold run of the case with DecodePlan::cta_timeline set, reduced to DecodeBenchRow::Timeline.
-Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan plan, DeviceBuffer& ws,
-                                                 DeviceBuffer& flush, const BenchTiming& timing, cudaStream_t s) {
-  const long long n = cta_timeline_entries(plan, a.geom.num_kv_heads);
-  auto buf = DeviceBuffer::create(static_cast<size_t>(n) * kTimelineWords * 8);
-  if (!buf.is_ok()) return buf.status();
-  plan.cta_timeline = buf.value().as<unsigned long long>();
-  if (timing.cold_l2) KVQ_RETURN_IF_ERROR(flush_l2(timing, flush, s));
-  KVQ_RETURN_IF_ERROR(run(a, plan, ws.get(), s));
-  KVQ_CUDA_TRY(cudaStreamSynchronize(s), "timeline run");
-  std::vector<unsigned long long> rows(static_cast<size_t>(n) * kTimelineWords);
-  KVQ_RETURN_IF_ERROR(buf.value().download(rows.data(), rows.size() * 8));
+// One cold run's rows (kTimelineWords per CTA) reduced to DecodeBenchRow::Timeline (its per-CTA vectors
+// filled when `full`).
+DecodeBenchRow::Timeline reduce_timeline(const std::vector<unsigned long long>& rows, long long n, bool full) {
   DecodeBenchRow::Timeline tl;
   tl.ctas = static_cast<int>(n);
   unsigned long long t0 = ~0ull;
   for (long long i = 0; i < n; ++i) t0 = std::min(t0, rows[i * kTimelineWords]);
   std::vector<double> ends(n);
-  double dur = 0, ramp = 0, pages = 0, tail = 0, work = 0, query = 0, item0 = 0, warps = 0;
-  long long with_pages = 0, with_marks = 0;
+  double dur = 0, ramp = 0, pages = 0, tail = 0, work = 0, query = 0, item0 = 0, warps = 0, primed = 0, mhz = 0;
+  long long with_pages = 0, with_marks = 0, with_primed = 0, with_clock = 0;
   for (long long i = 0; i < n; ++i) {
     const unsigned long long* r = &rows[i * kTimelineWords];
     const double st = 1e-3 * static_cast<double>(r[0] - t0);
@@ -400,13 +410,21 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
         item0 += 1e-3 * static_cast<double>(r[9] - r[0]);
         warps += 1e-3 * static_cast<double>(r[10] - r[5]);
         ++with_marks;
+        if (r[7] >= r[0] && r[7] != 0) primed += 1e-3 * static_cast<double>(r[7] - r[0]), ++with_primed;
       }
+    }
+    if (r[11] != 0 && r[12] > r[11] && r[1] > r[0]) {  // cycles per ns x 1000 = MHz
+      const double f = 1e3 * static_cast<double>(r[12] - r[11]) / static_cast<double>(r[1] - r[0]);
+      mhz += f, ++with_clock;
+      tl.min_sm_mhz = tl.min_sm_mhz == 0 ? f : std::min(tl.min_sm_mhz, f);
     }
     tl.last_start_us = std::max(tl.last_start_us, st);
     dur += ends[i] - st;
-    tl.start_us.push_back(st);
-    tl.end_us.push_back(ends[i]);
-    tl.sm.push_back(static_cast<int>(rows[i * kTimelineWords + 2]));
+    if (full) {
+      tl.start_us.push_back(st);
+      tl.end_us.push_back(ends[i]);
+      tl.sm.push_back(static_cast<int>(r[2]));
+    }
   }
   std::sort(ends.begin(), ends.end());
   tl.first_end_us = ends.front();
@@ -419,10 +437,49 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
     tl.mean_tail_us = tail / static_cast<double>(with_pages);
   }
   if (with_marks > 0) {
-    const double n = static_cast<double>(with_marks);
-    tl.mean_work_us = work / n, tl.mean_query_us = query / n, tl.mean_item0_us = item0 / n, tl.mean_warps_us = warps / n;
+    const double m = static_cast<double>(with_marks);
+    tl.mean_work_us = work / m, tl.mean_query_us = query / m, tl.mean_item0_us = item0 / m, tl.mean_warps_us = warps / m;
   }
+  if (with_primed > 0) tl.mean_primed_us = primed / static_cast<double>(with_primed);
+  if (with_clock > 0) tl.mean_sm_mhz = mhz / static_cast<double>(with_clock);
   return tl;
+}
+
+// `runs` more cold runs of the case with DecodePlan::cta_timeline set: the first reduced in full, each
+// summarised in Timeline::runs.
+Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan plan, DeviceBuffer& ws,
+                                                 DeviceBuffer& flush, const BenchTiming& timing, Timer& t, int runs) {
+  const long long n = cta_timeline_entries(plan, a.geom.num_kv_heads);
+  auto buf = DeviceBuffer::create(static_cast<size_t>(n) * kTimelineWords * 8);
+  if (!buf.is_ok()) return buf.status();
+  plan.cta_timeline = buf.value().as<unsigned long long>();
+  DecodeBenchRow::Timeline first;
+  std::vector<unsigned long long> rows(static_cast<size_t>(n) * kTimelineWords);
+  KVQ_CUDA_TRY(cudaDeviceSynchronize(), "waiting for the case's setup");  // as in time_graph
+  for (int run_i = 0; run_i < std::max(runs, 1); ++run_i) {
+    if (timing.cold_l2) KVQ_RETURN_IF_ERROR(flush_l2(timing, flush, t.stream));
+    KVQ_CUDA_TRY(cudaEventRecord(t.start, t.stream), "event record");
+    KVQ_RETURN_IF_ERROR(run(a, plan, ws.get(), t.stream));
+    KVQ_CUDA_TRY(cudaEventRecord(t.stop, t.stream), "event record");
+    KVQ_CUDA_TRY(cudaStreamSynchronize(t.stream), "timeline run");
+    float ms = 0;
+    KVQ_CUDA_TRY(cudaEventElapsedTime(&ms, t.start, t.stop), "event time");
+    KVQ_RETURN_IF_ERROR(buf.value().download(rows.data(), rows.size() * 8));
+    const DecodeBenchRow::Timeline tl = reduce_timeline(rows, n, run_i == 0);
+    std::vector<int> per_sm;
+    for (long long i = 0; i < n; ++i) {
+      const auto sm = static_cast<size_t>(rows[i * kTimelineWords + 2]);
+      if (sm >= per_sm.size()) per_sm.resize(sm + 1, 0);
+      ++per_sm[sm];
+    }
+    DecodeBenchRow::Timeline::Run r;
+    r.event_us = 1e3 * ms, r.span_us = tl.span_us, r.mean_cta_us = tl.mean_cta_us, r.mean_pages_us = tl.mean_pages_us;
+    r.mean_sm_mhz = tl.mean_sm_mhz, r.min_sm_mhz = tl.min_sm_mhz;
+    r.max_ctas_per_sm = per_sm.empty() ? 0 : *std::max_element(per_sm.begin(), per_sm.end());
+    if (run_i == 0) first = tl;
+    first.runs.push_back(r);
+  }
+  return first;
 }
 
 // The read-only stream over `bytes` (a fresh buffer, contiguous) under the case's own timing: the same
@@ -531,7 +588,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   KVQ_RETURN_IF_ERROR(capture(t, gr, [&](cudaStream_t s) { return run(a, plan.value(), ws.value().get(), s); }));
   auto stats = time_graph(t, gr, o.timing, &flush);
   if (!stats.is_ok()) return stats.status();
-  row.us_median = stats->median, row.us_min = stats->min, row.us_max = stats->max;
+  row.us_median = stats->median, row.us_min = stats->min, row.us_max = stats->max, row.us_replays = stats->us_each;
 
   const double b = sh.batch, hkv = sh.num_kv_heads, d = sh.head_dim;
   double bytes = b * main_tokens * hkv * d * elem_bytes(f) * 2 + b * sink * hkv * d * 2 * 2;
@@ -543,7 +600,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   row.kv_bytes = bytes;
   row.tb_per_s = bytes / (row.us_median * 1e-6) / 1e12;
   if (o.timeline) {
-    auto tl = decode_timeline(a, plan.value(), ws.value(), flush, o.timing, t.stream);
+    auto tl = decode_timeline(a, plan.value(), ws.value(), flush, o.timing, t, o.timeline_runs);
     if (!tl.is_ok()) return tl.status();
     row.timeline = tl.value();
   }

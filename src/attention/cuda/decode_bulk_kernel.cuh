@@ -31,7 +31,7 @@
 // (Payload) from shared memory and run the same compute_tiles, two tiles per softmax step.
 #include <type_traits>
 
-#include "decode_kernel.cuh"
+#include "decode_cta.cuh"
 
 namespace kvq::attention::cuda::detail {
 

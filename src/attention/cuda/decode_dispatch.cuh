@@ -3,6 +3,7 @@
 #include <type_traits>
 
 #include "decode_bulk_kernel.cuh"
+#include "decode_kernel.cuh"
 
 namespace kvq::attention::cuda::detail {
 

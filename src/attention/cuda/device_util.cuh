@@ -225,7 +225,7 @@ __device__ __forceinline__ uint32_t int4x2_hi_to_half2(uint32_t w) {
 // int4 K codes for the QK contraction: the nibbles at bits 0-3 and 16-19 of `w` -> fp16x2 in one
 // LOP3. The flipped nibble u = code + 8 (as above) as the bits of a half is the subnormal u * 2^-24,
 // exactly; the offset 8 and the unit 2^-24 are removed per head and per logit instead of per code
-// (decode_kernel.cuh, Path<kInt4>::k_frag). The V codes keep the exact conversion above: in the PV
+// (decode_tiles.cuh, Path<kInt4>::k_frag). The V codes keep the exact conversion above: in the PV
 // sums an offset would accumulate over the tokens (docs/GPU_NOTES.md §20).
 __device__ __forceinline__ uint32_t int4x2_to_subnormal_half2(uint32_t w) {
   return and_xor(w, 0x000f000fu, 0x00080008u);

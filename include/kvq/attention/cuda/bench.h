@@ -38,6 +38,9 @@ enum class L2Flush { kRead, kWrite };
 
 struct BenchTiming {
   int warmup = 5;
+  // ... and untimed replays until this much time has passed: right after the previous case freed its
+  // buffers (GBs at the large shapes), a case's first replays of ~10 ms ran 13% slow (docs/GPU_NOTES.md §23).
+  double warmup_ms = 30;
   int iters = 50;         // timed graph replays (>= 30)
   bool cold_l2 = true;
   L2Flush flush = L2Flush::kRead;
@@ -67,6 +70,7 @@ struct DecodeBenchOptions {
   int overlap_merge = -1;  // DecodeOptions::overlap_merge (-1: the planner's choice)
   int sink_in_ring = -1;   // DecodeOptions::sink_in_ring (-1: the planner's choice)
   bool timeline = false;  // one more cold run per case with DecodePlan::cta_timeline (DecodeBenchRow::timeline)
+  int timeline_runs = 1;  // with timeline: that many cold runs, each summarised (Timeline::runs), the first in full
   uint64_t seed = 1;
   BenchTiming timing;
 };
@@ -78,6 +82,7 @@ struct DecodeBenchRow {
   int block_size = 16;
   int sink_tokens = 0, splits = 1, ctas_per_sm = 0;
   double us_median = 0, us_min = 0, us_max = 0;
+  std::vector<double> us_replays;  // every timed replay in order (a case whose median moves between runs)
   double kv_bytes = 0;        // codes + scales + sink read
   double tb_per_s = 0;        // kv_bytes / median
   double frac_of_copy = 0;    // tb_per_s / copy bandwidth
@@ -104,10 +109,21 @@ struct DecodeBenchRow {
     double mean_ramp_us = 0, mean_pages_us = 0, mean_tail_us = 0;
     // The ring kernel's ramp in steps, means from the CTA's start (0: not marked): work and barriers
     // known, query prepared, warp 0's first ring item arrived; and from warp 0's last page until every
-    // warp is past its pages.
-    double mean_work_us = 0, mean_query_us = 0, mean_item0_us = 0, mean_warps_us = 0;
+    // warp is past its pages. primed: warp 0's first ring requests issued (self-fed rings only; 0 else).
+    double mean_work_us = 0, mean_query_us = 0, mean_item0_us = 0, mean_warps_us = 0, mean_primed_us = 0;
     std::vector<double> start_us, end_us;  // per CTA (timeline index order)
     std::vector<int> sm;                   // the SM it ran on
+    // The SM clock over the CTAs with work (their clock64 cycles per global-timer ns), mean and lowest.
+    double mean_sm_mhz = 0, min_sm_mhz = 0;
+    // Every cold run (the first is the one above): its time between CUDA events around a plain launch (no
+    // graph: a few us of launch more than the median's replays), span, mean CTA, mean time in the main
+    // pages, the SMs' clock, and the CTAs per SM of the most loaded SM. Replays that differ in time are
+    // then told apart: slower at a lower clock, or CTAs that waited.
+    struct Run {
+      double event_us = 0, span_us = 0, mean_cta_us = 0, mean_pages_us = 0, mean_sm_mhz = 0, min_sm_mhz = 0;
+      int max_ctas_per_sm = 0;
+    };
+    std::vector<Run> runs;
   } timeline;
 };
 

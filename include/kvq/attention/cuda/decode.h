@@ -66,11 +66,12 @@ struct DecodePlan {
   // {start ns, end ns, SM id, main pages, main pages start ns, main pages end ns} (global timer; the last
   // two by warp 0, 0 for a CTA without work), then the ring kernel's ramp in steps {work and barriers
   // known, warp 0's prime issued, query prepared, warp 0's first ring item arrived, every warp past its
-  // pages} (0 where a kernel does not mark them), at index split + splits x (y + gridDim.y x seq);
-  // kTimelineWords words per CTA, cta_timeline_entries(plan) entries. Null in normal use.
+  // pages} (0 where a kernel does not mark them), then the SM clock (clock64) at the CTA's start and end
+  // (0 for a CTA without work), at index split + splits x (y + gridDim.y x seq); kTimelineWords words per
+  // CTA, cta_timeline_entries(plan) entries. Null in normal use.
   unsigned long long* cta_timeline = nullptr;
 };
-constexpr int kTimelineWords = 11;
+constexpr int kTimelineWords = 13;
 
 // Who refills the ring of the bulk-copy kernel. kAuto: a producer warp when fewer than
 // sm_count / 2 CTAs make up one split of the batch (sequences x kv heads x head groups), where every
