@@ -495,64 +495,53 @@ __device__ __forceinline__ void run_part(const DecodeParams& p, const PartArgs& 
   const int tiles_per_page = p.block_size / kTileTokens;
   auto page_of = [&](int tile) { return __ldg(a.table + tile / tiles_per_page); };
 
+  // Bundle `bundle`'s tiles into dst (empty payloads past the part's end), their pages from page_for(i, tile).
+  auto load_bundle = [&](int bundle, Payload<F, D>* dst, auto page_for) {
+#pragma unroll
+    for (int i = 0; i < NT; ++i) {
+      const int tile = a.tile_begin + bundle * NT + i;
+      if (tile < a.tile_end) {
+        load_tile<F, D, SM>(p, a, kv_head, tile, page_for(i, tile), lane, dst[i]);
+      } else {
+        dst[i] = Payload<F, D>{};
+      }
+    }
+  };
+  auto table_page = [&](int, int tile) { return page_of(tile); };
   int b = warp;
   if (b >= n_bundles) return;
   Payload<F, D> cur[NT];
+  auto compute_bundle = [&](int bundle) {
 #pragma unroll
-  for (int i = 0; i < NT; ++i) {
-    const int tile = a.tile_begin + b * NT + i;
-    if (tile < a.tile_end) {
-      load_tile<F, D, SM>(p, a, kv_head, tile, page_of(tile), lane, cur[i]);
-    } else {
-      cur[i] = Payload<F, D>{};
-    }
-  }
+    for (int i = 0; i < NT; ++i)
+      if (a.tile_begin + bundle * NT + i < a.tile_end)
+        compute_tiles<F, D, SM, 1>(&cur[i], qf, a, a.tile_begin + bundle * NT + i, lane, st);
+  };
+  load_bundle(b, cur, table_page);
   if constexpr (TileShape<F, D>::kPrefetch) {
     int next_page[NT];
-#pragma unroll
-    for (int i = 0; i < NT; ++i) {
-      const int tile = a.tile_begin + (b + kDecodeWarps) * NT + i;
-      next_page[i] = tile < a.tile_end ? page_of(tile) : 0;
-    }
-    for (; b < n_bundles; b += kDecodeWarps) {
-      Payload<F, D> nxt[NT];
-      const int nb = b + kDecodeWarps;
+    auto fetch_pages = [&](int bundle) {
 #pragma unroll
       for (int i = 0; i < NT; ++i) {
-        const int tile = a.tile_begin + nb * NT + i;
-        if (tile < a.tile_end) {
-          load_tile<F, D, SM>(p, a, kv_head, tile, next_page[i], lane, nxt[i]);
-        } else {
-          nxt[i] = Payload<F, D>{};
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        const int tile = a.tile_begin + (nb + kDecodeWarps) * NT + i;
+        const int tile = a.tile_begin + bundle * NT + i;
         next_page[i] = tile < a.tile_end ? page_of(tile) : 0;
       }
-#pragma unroll
-      for (int i = 0; i < NT; ++i)
-        if (a.tile_begin + b * NT + i < a.tile_end) compute_tiles<F, D, SM, 1>(&cur[i], qf, a, a.tile_begin + b * NT + i, lane, st);
+    };
+    fetch_pages(b + kDecodeWarps);
+    for (; b < n_bundles; b += kDecodeWarps) {
+      Payload<F, D> nxt[NT];
+      load_bundle(b + kDecodeWarps, nxt, [&](int i, int) { return next_page[i]; });
+      fetch_pages(b + 2 * kDecodeWarps);
+      compute_bundle(b);
 #pragma unroll
       for (int i = 0; i < NT; ++i) cur[i] = nxt[i];
     }
   } else {
     for (;;) {
-#pragma unroll
-      for (int i = 0; i < NT; ++i)
-        if (a.tile_begin + b * NT + i < a.tile_end) compute_tiles<F, D, SM, 1>(&cur[i], qf, a, a.tile_begin + b * NT + i, lane, st);
+      compute_bundle(b);
       b += kDecodeWarps;
       if (b >= n_bundles) break;
-#pragma unroll
-      for (int i = 0; i < NT; ++i) {
-        const int tile = a.tile_begin + b * NT + i;
-        if (tile < a.tile_end) {
-          load_tile<F, D, SM>(p, a, kv_head, tile, page_of(tile), lane, cur[i]);
-        } else {
-          cur[i] = Payload<F, D>{};
-        }
-      }
+      load_bundle(b, cur, table_page);
     }
   }
 }
