@@ -128,6 +128,28 @@ TEST(KvqBinary, BenchDecodeChecksBlockSizesBeforeTheDevice) {
   EXPECT_EQ(lines(r.err), 1) << r.err;
 }
 
+// A range-checked option names a value that is no number as such, and a number out of range with the range
+// (CLI11's own words were "Value abc not in range 1 to 1000" and "0.000000 to 10000.000000").
+TEST(KvqBinary, RangeChecksNameTheValueAndTheRange) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"bench", "decode", "--timeline-runs", "0"}, "kvq bench decode: --timeline-runs 0 is out of range; accepted: 1 to 1000"},
+      {{"bench", "decode", "--timeline-runs", "abc"}, "kvq bench decode: --timeline-runs: needs an integer (got 'abc')"},
+      {{"bench", "decode", "--warmup-ms", "-5"}, "kvq bench decode: --warmup-ms -5 is out of range; accepted: 0 to 10000"},
+      {{"bench", "decode", "--warmup-ms", "x1"}, "kvq bench decode: --warmup-ms: needs a number (got 'x1')"},
+      {{"capacity", "--tokens", "abc"}, "kvq capacity: --tokens: needs an integer (got 'abc')"},
+  };
+  for (const Case& c : cases) {
+    const Ran r = kvq(c.args);
+    EXPECT_NE(r.rc, 0) << c.message;
+    EXPECT_EQ(r.err, c.message + "\n");
+    EXPECT_EQ(r.out, "") << c.message;
+  }
+}
+
 TEST(KvqBinary, NegativeSinkIsRefusedWhereverItIsTaken) {
   for (const auto& cmd : commands()) {
     if (cmd.size() > 1 && cmd[1] == "write") continue;  // the write benchmark has no sink

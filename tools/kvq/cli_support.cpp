@@ -68,6 +68,29 @@ void collect_numeric(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands({})) collect_numeric(*sub);
 }
 
+// A bound as CLI11's range check prints it ("1", "0.000000"), without the float's trailing zeros.
+std::string trim_bound(std::string b) {
+  if (b.find('.') == std::string::npos) return b;
+  while (!b.empty() && b.back() == '0') b.pop_back();
+  if (!b.empty() && b.back() == '.') b.pop_back();
+  return b;
+}
+
+// CLI11's range refusal "--flag: Value X not in range A to B" in kvq's words: a value that is no number
+// is named as such (CLI11 says "not in range" for "abc" too), a number out of range gets the range.
+std::string reword_range_refusal(const std::string& what) {
+  const size_t v = what.find(": Value ");
+  const size_t nir = what.find(" not in range ", v == std::string::npos ? 0 : v);
+  const size_t to = what.find(" to ", nir == std::string::npos ? 0 : nir);
+  if (v == std::string::npos || nir == std::string::npos || to == std::string::npos) return what;
+  const std::string flag = what.substr(0, v), value = what.substr(v + 8, nir - v - 8);
+  const std::string lo = what.substr(nir + 14, to - nir - 14), hi = what.substr(to + 4);
+  const bool integer = lo.find('.') == std::string::npos && hi.find('.') == std::string::npos;
+  const std::string problem = number_problem(value, integer ? NumberKind::kInt : NumberKind::kFloat);
+  if (!problem.empty()) return flag + ": " + problem;
+  return flag + " " + value + " is out of range; accepted: " + trim_bound(lo) + " to " + trim_bound(hi);
+}
+
 std::string command_list(CLI::App& app) {
   std::string out;
   for (CLI::App* sub : app.get_subcommands({})) {
@@ -157,7 +180,7 @@ std::string parse_error_line(CLI::App& app, const CLI::ParseError& e) {
                                                                              : "needs a value (got an empty one)";
     what = what.substr(0, missing) + ": " + need;
   }
-  return path + ": " + what;
+  return path + ": " + reword_range_refusal(what);
 }
 
 Status check_sampling(float temperature, float top_p, int max_new_tokens) {
