@@ -395,6 +395,7 @@ DecodeBenchRow::Timeline reduce_timeline(const std::vector<unsigned long long>& 
   std::vector<double> ends(n);
   double dur = 0, ramp = 0, pages = 0, tail = 0, work = 0, query = 0, item0 = 0, warps = 0, primed = 0, mhz = 0;
   long long with_pages = 0, with_marks = 0, with_primed = 0, with_clock = 0;
+  std::vector<int> per_sm;  // CTAs per SM
   for (long long i = 0; i < n; ++i) {
     const unsigned long long* r = &rows[i * kTimelineWords];
     const double st = 1e-3 * static_cast<double>(r[0] - t0);
@@ -418,6 +419,9 @@ DecodeBenchRow::Timeline reduce_timeline(const std::vector<unsigned long long>& 
       mhz += f, ++with_clock;
       tl.min_sm_mhz = tl.min_sm_mhz == 0 ? f : std::min(tl.min_sm_mhz, f);
     }
+    const auto sm = static_cast<size_t>(r[2]);
+    if (sm >= per_sm.size()) per_sm.resize(sm + 1, 0);
+    ++per_sm[sm];
     tl.last_start_us = std::max(tl.last_start_us, st);
     dur += ends[i] - st;
     if (full) {
@@ -442,6 +446,7 @@ DecodeBenchRow::Timeline reduce_timeline(const std::vector<unsigned long long>& 
   }
   if (with_primed > 0) tl.mean_primed_us = primed / static_cast<double>(with_primed);
   if (with_clock > 0) tl.mean_sm_mhz = mhz / static_cast<double>(with_clock);
+  if (!per_sm.empty()) tl.max_ctas_per_sm = *std::max_element(per_sm.begin(), per_sm.end());
   return tl;
 }
 
@@ -466,16 +471,9 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
     KVQ_CUDA_TRY(cudaEventElapsedTime(&ms, t.start, t.stop), "event time");
     KVQ_RETURN_IF_ERROR(buf.value().download(rows.data(), rows.size() * 8));
     const DecodeBenchRow::Timeline tl = reduce_timeline(rows, n, run_i == 0);
-    std::vector<int> per_sm;
-    for (long long i = 0; i < n; ++i) {
-      const auto sm = static_cast<size_t>(rows[i * kTimelineWords + 2]);
-      if (sm >= per_sm.size()) per_sm.resize(sm + 1, 0);
-      ++per_sm[sm];
-    }
     DecodeBenchRow::Timeline::Run r;
     r.event_us = 1e3 * ms, r.span_us = tl.span_us, r.mean_cta_us = tl.mean_cta_us, r.mean_pages_us = tl.mean_pages_us;
-    r.mean_sm_mhz = tl.mean_sm_mhz, r.min_sm_mhz = tl.min_sm_mhz;
-    r.max_ctas_per_sm = per_sm.empty() ? 0 : *std::max_element(per_sm.begin(), per_sm.end());
+    r.mean_sm_mhz = tl.mean_sm_mhz, r.min_sm_mhz = tl.min_sm_mhz, r.max_ctas_per_sm = tl.max_ctas_per_sm;
     if (run_i == 0) first = tl;
     first.runs.push_back(r);
   }

@@ -115,6 +115,7 @@ struct DecodeBenchRow {
     std::vector<int> sm;                   // the SM it ran on
     // The SM clock over the CTAs with work (their clock64 cycles per global-timer ns), mean and lowest.
     double mean_sm_mhz = 0, min_sm_mhz = 0;
+    int max_ctas_per_sm = 0;  // CTAs on the most loaded SM
     // Every cold run (the first is the one above): its time between CUDA events around a plain launch (no
     // graph: a few us of launch more than the median's replays), span, mean CTA, mean time in the main
     // pages, the SMs' clock, and the CTAs per SM of the most loaded SM. Replays that differ in time are
