@@ -170,7 +170,7 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       }
       return n;
     };
-    constexpr int kStep = detail::kDecodeWarps;  // a whole number of pages per consumer warp
+    const int kStep = kern.warps;  // a whole number of stages per attending warp
     int stages = kStep;
     if (opts.ring_stages > 0) {
       stages = std::clamp(opts.ring_stages / kStep * kStep, kStep, detail::kMaxStages);
@@ -259,7 +259,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
       (p.producer_warp && !kern.bulk) || p.threads != kern.threads(p.producer_warp) ||
       (p.sink_in_ring && (!kern.bulk || 32 * a.geom.head_dim > ring_stage_bytes(a.geom))) ||
       (p.packed_heads && (!kern.has_packed() || a.num_q_heads / a.geom.num_kv_heads > 4)) ||
-      (kern.bulk && (p.ring_stages < detail::kDecodeWarps || p.ring_stages > detail::kMaxStages ||
+      (kern.bulk && (p.ring_stages < kern.warps || p.ring_stages % kern.warps != 0 || p.ring_stages > detail::kMaxStages ||
                      p.smem_bytes != detail::kRingOffset + p.ring_stages * ring_stage_bytes(a.geom))))
     return invalid_argument("cuda decode: the plan was made for another batch shape or cache geometry (sequences, heads, table widths, format); call plan() again");
   if (p.num_splits > 1 && (workspace == nullptr || !aligned16(workspace)))

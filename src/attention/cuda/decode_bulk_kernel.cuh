@@ -1,9 +1,9 @@
 #pragma once
 // The decode kernel of the quantized caches (fp8 OCP/FNUZ, int8, int4) and of 16-bit caches at head
 // dim 64 and 128: whole page-head tiles are streamed into a shared-memory ring with cp.async.bulk and
-// four warps attend them from there. int4 is the same kernel with half the bytes per tile: the warps
-// unpack nibbles into the same fp16 fragments (Path<kInt4>), so numerics and scale handling are the
-// 8-bit ones; bf16/fp16 tiles go to the mma as loaded (the register kernel's fragments, read from
+// W warps attend them from there (decode_warps: four, eight at head dim 256 for 8-bit pages). int4 is
+// the same kernel with half the bytes per tile: the warps unpack nibbles into the same fp16 fragments
+// (Path<kInt4>), so numerics and scale handling are the 8-bit ones; bf16/fp16 tiles go to the mma as loaded (the register kernel's fragments, read from
 // shared memory instead of global memory).
 //
 // Why (docs/GPU_NOTES.md §5, §9, §13): with per-lane loads an 8-bit tile is half the bytes of a
@@ -13,8 +13,8 @@
 // its per-token scales, so one thread can request a whole page with four bulk copies; the ring
 // keeps up to kMaxStages pages per CTA in flight at no register cost.
 //
-// The split's pages i = 0, 1, ... are dealt to the four attending warps round robin (warp i % 4),
-// page i in stage s = i % S, phase (i / S) & 1; S is a multiple of 4, so a stage always serves the
+// The split's pages i = 0, 1, ... are dealt to the W attending warps round robin (warp i % W),
+// page i in stage s = i % S, phase (i / S) & 1; S is a multiple of W, so a stage always serves the
 // same warp. Who refills a stage is the kernel's Feed (chosen per plan, decode.cu):
 //   kSelf      the attending warp itself: after reading page i, it requests page i + S into the
 //              same stage (no extra warp, so one more CTA per SM at head_dim 128: the better
@@ -36,9 +36,9 @@
 namespace kvq::attention::cuda::detail {
 
 enum class Feed : int { kSelf, kProducer };
-template <Feed FD>
+template <Feed FD, int W>
 constexpr int bulk_threads() {
-  return (kDecodeWarps + (FD == Feed::kProducer ? 1 : 0)) * 32;
+  return (W + (FD == Feed::kProducer ? 1 : 0)) * 32;
 }
 constexpr int kMaxStages = 16;
 constexpr int kRingOffset = 512;  // full and empty barriers (2 x kMaxStages x 8 B), page ids, then the ring
@@ -229,19 +229,20 @@ __device__ __forceinline__ void request_unit(const DecodeParams& p, const RingAd
 
 // Units: a ring stage holds 2^ppu_log consecutive pages of the split (ring_pages_per_stage), one
 // softmax step's tiles. The split's units u = 0, 1, ... are dealt to the attending warps round robin;
-// this warp's are u = warp + kDecodeWarps * k, k < count. Their page ids come 32 at a time, one per
+// this warp's are u = warp + W k, k < count. Their page ids come 32 at a time, one per
 // lane: lane l holds page (l & (ppu - 1)) of the window's unit l >> ppu_log, -1 past the split's end.
+template <int W>
 struct WarpUnits {
   const int32_t* table;  // the split's first page in the sequence's block table
   int n_pages, count, ppu_log;
   __device__ int window(int warp, int k0, int lane) const {
     const int k = k0 + (lane >> ppu_log);
-    const int i = ((warp + kDecodeWarps * k) << ppu_log) + (lane & ((1 << ppu_log) - 1));
+    const int i = ((warp + W * k) << ppu_log) + (lane & ((1 << ppu_log) - 1));
     return k < count && i < n_pages ? __ldg(table + i) : -1;
   }
-  // Window entry of page j of the window's unit k (a lane index).
-  __device__ static int entry(int k, int j, int ppu_log) { return (k << ppu_log) + j; }
 };
+// Window entry of page j of the window's unit k (a lane index).
+__device__ __forceinline__ int window_entry(int k, int j, int ppu_log) { return (k << ppu_log) + j; }
 
 // The split's first page in the sequence's block table.
 __device__ __forceinline__ const int32_t* split_table(const DecodeParams& p, const CtaWork& w) {
@@ -251,13 +252,14 @@ __device__ __forceinline__ int split_units(const CtaWork& w, const RingAddr& ra)
   return (w.main_pages + (1 << ra.ppu_log) - 1) >> ra.ppu_log;
 }
 
-__device__ __forceinline__ WarpUnits warp_units(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, int warp) {
+template <int W>
+__device__ __forceinline__ WarpUnits<W> warp_units(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, int warp) {
   const int n_units = split_units(w, ra);
-  WarpUnits wu;
+  WarpUnits<W> wu;
   wu.table = split_table(p, w);
   wu.n_pages = w.main_pages;
   wu.ppu_log = ra.ppu_log;
-  wu.count = warp < n_units ? (n_units - 1 - warp) / kDecodeWarps + 1 : 0;
+  wu.count = warp < n_units ? (n_units - 1 - warp) / W + 1 : 0;
   return wu;
 }
 
@@ -303,32 +305,35 @@ __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffff
 // ---- the sink through the ring --------------------------------------------------------------------
 
 // The bf16 sink tiles of the CTA go through the same ring as its pages, ahead of them: an attending warp's
-// items are its sink tiles (the CTA's sink tiles dealt round robin, tile t0 + warp + 4 j), then its units. On the
+// items are its sink tiles (the CTA's sink tiles dealt round robin, tile t0 + warp + W j), then its units. On the
 // register path the sink was a chain of dependent loads queued behind the whole grid's first ring pages,
 // with the ring full and idle meanwhile: 9-31 us before the first page (docs/GPU_NOTES.md §21). A tile
 // (8 tokens: its K rows, then its V rows, 2 x 16 D bytes) fits a stage of every 8- and 4-bit ring but
 // int4's at head dim 256, which keeps the register path (DecodePlan::sink_in_ring).
+template <int W>
 struct SinkItems {
   int n = 0;      // the CTA's sink tiles in the ring (0: none, or its sink is on the register path)
   int count = 0;  // this attending warp's share of them
   int ids = -1;   // lane j: the page of the warp's j-th sink tile (Feed::kSelf)
   int t0 = 0;     // the CTA's first sink tile
-  __device__ int tile(int j, int warp) const { return t0 + warp + kDecodeWarps * j; }
+  __device__ int tile(int j, int warp) const { return t0 + warp + W * j; }
 };
 // At most 32 tiles per warp (one page id per lane); a CTA with more sink tiles takes the register path.
+template <int W>
 __device__ __forceinline__ bool sink_through_ring(const DecodeParams& p, const CtaWork& w) {
-  return p.sink_in_ring != 0 && w.sink_t1 - w.sink_t0 <= 32 * kDecodeWarps;
+  return p.sink_in_ring != 0 && w.sink_t1 - w.sink_t0 <= 32 * W;
 }
 __device__ __forceinline__ int sink_page_of(const DecodeParams& p, const CtaWork& w, int tile) {
   return __ldg(p.sink_tables + static_cast<size_t>(w.seq) * p.max_sink_blocks + tile / (p.block_size / kTileTokens));
 }
-__device__ __forceinline__ SinkItems sink_items(const DecodeParams& p, const CtaWork& w, int warp, int lane,
-                                                bool self_fed) {
-  SinkItems sk;
+template <int W>
+__device__ __forceinline__ SinkItems<W> sink_items(const DecodeParams& p, const CtaWork& w, int warp, int lane,
+                                                   bool self_fed) {
+  SinkItems<W> sk;
   sk.n = w.sink_t1 - w.sink_t0;
   sk.t0 = w.sink_t0;
-  if (warp >= kDecodeWarps) return sk;  // the producer warp (produce() reads the ids itself)
-  sk.count = warp < sk.n ? (sk.n - 1 - warp) / kDecodeWarps + 1 : 0;
+  if (warp >= W) return sk;  // the producer warp (produce() reads the ids itself)
+  sk.count = warp < sk.n ? (sk.n - 1 - warp) / W + 1 : 0;
   if (self_fed && lane < sk.count) sk.ids = sink_page_of(p, w, sk.tile(lane, warp));
   return sk;
 }
@@ -345,8 +350,8 @@ __device__ __forceinline__ void request_sink_tile(const DecodeParams& p, const C
   warp_bulk_copy_g2s(stage + kBytes, p.v_sink + off, kBytes, bar);
 }
 // The warp's j-th sink tile (Feed::kSelf: page ids from SinkItems::ids).
-template <int D>
-__device__ __forceinline__ void request_warp_sink_tile(const DecodeParams& p, const CtaWork& w, const SinkItems& sk,
+template <int D, int W>
+__device__ __forceinline__ void request_warp_sink_tile(const DecodeParams& p, const CtaWork& w, const SinkItems<W>& sk,
                                                        int j, int warp, uint32_t stage, uint32_t bar) {
   request_sink_tile<D>(p, w, warp_uniform(__shfl_sync(0xffffffffu, sk.ids, j)), sk.tile(j, warp), stage, bar);
 }
@@ -362,8 +367,9 @@ __device__ __forceinline__ void attend_sink_tile(const uint8_t* stage, const Par
 template <ScaleMode SM>
 __device__ __forceinline__ void request_main_unit(const DecodeParams& p, const RingAddr& ra, int ids0, int k,
                                                   int* page_ids, int s, uint32_t ring, uint32_t full, int lane) {
-  const int page0 = warp_uniform(__shfl_sync(0xffffffffu, ids0, WarpUnits::entry(k, 0, ra.ppu_log)));
-  const int page1 = ra.ppu_log ? warp_uniform(__shfl_sync(0xffffffffu, ids0, WarpUnits::entry(k, 1, ra.ppu_log))) : -1;
+  const int page0 = warp_uniform(__shfl_sync(0xffffffffu, ids0, window_entry(k, 0, ra.ppu_log)));
+  const int page1 =
+      ra.ppu_log ? warp_uniform(__shfl_sync(0xffffffffu, ids0, window_entry(k, 1, ra.ppu_log))) : -1;
   if (lane == 0) page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
   __syncwarp();  // the ids before the barrier's arrival, which the elected lane makes
   request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
@@ -380,18 +386,18 @@ __device__ __forceinline__ void mark_first_item(const DecodeParams& p, int items
 
 // ---- Feed::kSelf ----------------------------------------------------------------------------------
 
-// The warp's first S / kDecodeWarps items (sink tiles, then units), requested by the warp before the
-// query is prepared, which they overlap.
-template <Format F, int D, ScaleMode SM>
-__device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const SinkItems& sk,
+// The warp's first S / W items (sink tiles, then units), requested by the warp before the query is
+// prepared, which they overlap.
+template <Format F, int D, ScaleMode SM, int W>
+__device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const SinkItems<W>& sk,
                            uint32_t full, int* page_ids, uint32_t ring, int warp, int lane) {
-  const WarpUnits wu = warp_units(p, w, ra, warp);
-  const int R = p.ring_stages / kDecodeWarps;
+  const WarpUnits<W> wu = warp_units<W>(p, w, ra, warp);
+  const int R = p.ring_stages / W;
   const int ids = wu.window(warp, 0, lane);  // R <= 4 units in one load, not R loads in a row
   for (int i = 0; i < R; ++i) {
-    const int s = warp + kDecodeWarps * i;
+    const int s = warp + W * i;
     if (i < sk.count) {
-      request_warp_sink_tile<D>(p, w, sk, i, warp, ring + s * p.stage_bytes, full + 8 * s);
+      request_warp_sink_tile<D, W>(p, w, sk, i, warp, ring + s * p.stage_bytes, full + 8 * s);
     } else if (i - sk.count < wu.count) {
       request_main_unit<SM>(p, ra, ids, i - sk.count, page_ids, s, ring, full, lane);
     }
@@ -400,16 +406,16 @@ __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAd
 
 // sa / qf_sink: the sink's arguments and query fragments (sink items only); t_sink_done: the timeline's
 // mark after them.
-template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack, int W>
 __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
-                                 const uint4* qf, const SinkItems& sk, const PartArgs& sa, const uint4* qf_sink,
+                                 const uint4* qf, const SinkItems<W>& sk, const PartArgs& sa, const uint4* qf_sink,
                                  uint32_t full, int* page_ids, uint8_t* ring, int warp, int lane, State<D>& st,
                                  unsigned long long& t_sink_done, unsigned long long& t_item0) {
-  const int S = p.ring_stages, R = S / kDecodeWarps;
-  const WarpUnits wu = warp_units(p, w, ra, warp);
+  const int S = p.ring_stages, R = S / W;
+  const WarpUnits<W> wu = warp_units<W>(p, w, ra, warp);
   const uint32_t ring_s = smem_u32(ring);
   const int per = 32 >> ra.ppu_log;  // units per window
-  // The warp's i-th item (its sink tiles, then its units) is in stage warp + 4 (i % R), phase (i / R) & 1:
+  // The warp's i-th item (its sink tiles, then its units) is in stage warp + W (i % R), phase (i / R) & 1:
   // stepped, never divided (a division by the run-time S sat on the path from page to page).
   int s = warp;
   uint32_t phase = 0;
@@ -425,11 +431,11 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
       __syncwarp();
       const int i = j + R;  // the item this stage takes next
       if (i < sk.count) {
-        request_warp_sink_tile<D>(p, w, sk, i, warp, ring_s + stage_off, full + 8 * s);
+        request_warp_sink_tile<D, W>(p, w, sk, i, warp, ring_s + stage_off, full + 8 * s);
       } else if (i - sk.count < wu.count) {
         request_main_unit<SM>(p, ra, ids0, i - sk.count, page_ids, s, ring_s, full, lane);
       }
-      s += kDecodeWarps;
+      s += W;
       if (s >= S) s -= S, phase ^= 1u;
     }
   }
@@ -445,11 +451,11 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
       ids_next = wu.window(warp, kb + per, lane);
     }
     const bool refill = k + R < wu.count;
-    const int page0 = warp_uniform(__shfl_sync(0xffffffffu, ids, WarpUnits::entry(k + R - kb, 0, ra.ppu_log)));
-    const int page1 = ra.ppu_log ? warp_uniform(__shfl_sync(0xffffffffu, ids, WarpUnits::entry(k + R - kb, 1, ra.ppu_log))) : -1;
+    const int page0 = warp_uniform(__shfl_sync(0xffffffffu, ids, window_entry(k + R - kb, 0, ra.ppu_log)));
+    const int page1 = ra.ppu_log ? warp_uniform(__shfl_sync(0xffffffffu, ids, window_entry(k + R - kb, 1, ra.ppu_log))) : -1;
     mbar_wait(full + 8 * s, phase);
     const uint32_t stage_off = static_cast<uint32_t>(s) * p.stage_bytes;
-    attend_unit<F, D, SM, SD, PT, kPack>(p, w, ra, a, qf, ring + stage_off, page_ids + 2 * s, warp + kDecodeWarps * k, ln,
+    attend_unit<F, D, SM, SD, PT, kPack>(p, w, ra, a, qf, ring + stage_off, page_ids + 2 * s, warp + W * k, ln,
                                          lane, st);
     // Every lane's reads of the stage (their values are consumed above) before the copy engine
     // overwrites it.
@@ -462,7 +468,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
       }
       request_unit<SM>(p, ra, page0, page1, ring_s + stage_off, full + 8 * s);
     }
-    s += kDecodeWarps;
+    s += W;
     if (s >= S) s -= S, phase ^= 1u;
   }
 }
@@ -470,8 +476,8 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
 // ---- Feed::kProducer ------------------------------------------------------------------------------
 
 // The producer warp: page ids 32 at a time (one per lane), the units requested in order.
-template <Format F, int D, ScaleMode SM>
-__device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const SinkItems& sk, uint32_t full,
+template <Format F, int D, ScaleMode SM, int W>
+__device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const SinkItems<W>& sk, uint32_t full,
                         uint32_t empty, int* page_ids, uint32_t ring, int lane) {
   const int n_pages = w.main_pages, ppu = 1 << ra.ppu_log;
   const int32_t* table = split_table(p, w);
@@ -501,36 +507,36 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr&
   }
 }
 
-template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack, int W>
 __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, uint32_t full, uint32_t empty, const int* page_ids,
-                                 const uint8_t* ring, int warp, int lane, State<D>& st, const SinkItems& sk,
+                                 const uint8_t* ring, int warp, int lane, State<D>& st, const SinkItems<W>& sk,
                                  const PartArgs& sa, const uint4* qf_sink, unsigned long long& t_sink_done,
                                  unsigned long long& t_item0) {
   const int S = p.ring_stages, n_units = split_units(w, ra);
   int s = warp;
   uint32_t phase = 0;
   mark_first_item(p, sk.n + n_units > warp ? 1 : 0, full + 8 * s, t_item0);
-  // The warp's items are i = warp + 4 j: sink tiles while i < sk.n, then unit i - sk.n.
+  // The warp's items are i = warp + W j: sink tiles while i < sk.n, then unit i - sk.n.
   if (sk.count > 0) {
     const SmemLane ln16 = smem_lane<Format::kBf16, D, ScaleDtype::kFp32, true>(kTileTokens, lane);
     for (int j = 0; j < sk.count; ++j) {
       mbar_wait(full + 8 * s, phase);
       attend_sink_tile<D>(ring + static_cast<size_t>(s) * p.stage_bytes, sa, sk.tile(j, warp), ln16, qf_sink, lane, st);
       mbar_arrive(empty + 8 * s);
-      s += kDecodeWarps;
+      s += W;
       if (s >= S) s -= S, phase ^= 1u;
     }
   }
   mark_timeline(p, t_sink_done);
   if constexpr (kPack) pack_state(st, lane);
   const SmemLane ln = smem_lane<F, D, SD, PT>(p.block_size, lane);
-  for (int u = warp + kDecodeWarps * sk.count - sk.n; u < n_units; u += kDecodeWarps) {
+  for (int u = warp + W * sk.count - sk.n; u < n_units; u += W) {
     mbar_wait(full + 8 * s, phase);
     attend_unit<F, D, SM, SD, PT, kPack>(p, w, ra, a, qf, ring + static_cast<size_t>(s) * p.stage_bytes, page_ids + 2 * s,
                                          u, ln, lane, st);
     mbar_arrive(empty + 8 * s);  // every lane: each releases its own reads of the stage
-    s += kDecodeWarps;
+    s += W;
     if (s >= S) s -= S, phase ^= 1u;
   }
 }
@@ -540,8 +546,10 @@ __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const 
 // kPack: at most 4 query heads per CTA, tiles scored in pairs (compute_tiles); the sink is attended in
 // the unpacked layout first and the state converted (pack_state).
 template <Format F, int D, ScaleMode SM, int kMinCtas, Feed FD, bool kPack = false>
-__global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kernel(const DecodeParams p) {
-  __shared__ DecodeSmem<D> sm;
+__global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, D)>(), kMinCtas)
+    decode_bulk_kernel(const DecodeParams p) {
+  constexpr int W = decode_warps(Path<F>::kBits, D);
+  __shared__ DecodeSmem<D, W> sm;
   extern __shared__ __align__(128) uint8_t dyn[];
   uint64_t* full = reinterpret_cast<uint64_t*>(dyn);
   uint64_t* empty = full + kMaxStages;
@@ -556,7 +564,7 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   // registers: computed there once, not in every lane and moved over per copy (docs/GPU_NOTES.md §19).
   const int warp = warp_uniform(static_cast<int>(threadIdx.x / 32)), lane = threadIdx.x % 32;
   const CtaWork place = cta_place(p);
-  const QueryLoad<D> ql = load_query<D>(p, place);
+  const QueryLoad<D, W> ql = load_query<D, W>(p, place);
   const CtaWork w = cta_work(p, p.block_size / kTileTokens, place);
   if (w.empty()) {
     store_empty(p, w, D);
@@ -572,15 +580,15 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   }
   __syncthreads();
   mark_timeline(p, sm.marks.t_work);
-  const bool producer = FD == Feed::kProducer && warp == kDecodeWarps;
+  const bool producer = FD == Feed::kProducer && warp == W;
   const RingAddr ra = ring_addr<F, D, SM>(p, w.kv_head);
   // The ring fills (its first items: the sink's tiles, then pages) while the query, loaded at the start, is
   // turned into fragments.
-  SinkItems sk;
-  const bool sink_ring = sink_through_ring(p, w);
-  if (sink_ring) sk = sink_items(p, w, warp, lane, FD == Feed::kSelf);
+  SinkItems<W> sk;
+  const bool sink_ring = sink_through_ring<W>(p, w);
+  if (sink_ring) sk = sink_items<W>(p, w, warp, lane, FD == Feed::kSelf);
   if constexpr (FD == Feed::kSelf) {
-    prime_ring<F, D, SM>(p, w, ra, sk, full_s, page_ids, ring_s, warp, lane);
+    prime_ring<F, D, SM, W>(p, w, ra, sk, full_s, page_ids, ring_s, warp, lane);
     mark_timeline(p, sm.marks.t_primed);
   }
   const float unscale = prepare_query<F, D>(p, w, sm, ql);
@@ -588,9 +596,9 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
   State<D> st;
   init_state(st);
   if (producer) {
-    if constexpr (FD == Feed::kProducer) produce<F, D, SM>(p, w, ra, sk, full_s, empty_s, page_ids, ring_s, lane);
+    if constexpr (FD == Feed::kProducer) produce<F, D, SM, W>(p, w, ra, sk, full_s, empty_s, page_ids, ring_s, lane);
   } else {
-    if (!sink_ring) run_sink<D>(p, w, sm.qf[1], unscale, warp, lane, st);  // else: ring items (consume_self_fed)
+    if (!sink_ring) run_sink<D, W>(p, w, sm.qf[1], unscale, warp, lane, st);  // else: ring items (consume_self_fed)
     const PartArgs sa = sink_args(p, w, unscale);
     PartArgs a = main_args<SM>(p, w, unscale);
     if constexpr (Path<F>::kInt4) {  // the K codes' offset and unit (Path::kInt4KeyUnit)
@@ -608,10 +616,10 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
       constexpr ScaleDtype SD = decltype(sd)::value;
       constexpr bool PT = decltype(pt)::value;
       if constexpr (FD == Feed::kSelf) {
-        consume_self_fed<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], sk, sa, sm.qf[1], full_s, page_ids, ring, warp,
+        consume_self_fed<F, D, SM, SD, PT, kPack, W>(p, w, ra, a, sm.qf[0], sk, sa, sm.qf[1], full_s, page_ids, ring, warp,
                                                   lane, st, sm.t_pages0, sm.marks.t_item0);
       } else {
-        consume_produced<F, D, SM, SD, PT, kPack>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st,
+        consume_produced<F, D, SM, SD, PT, kPack, W>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st,
                                                   sk, sa, sm.qf[1], sm.t_pages0, sm.marks.t_item0);
       }
     };
@@ -631,7 +639,7 @@ __global__ void __launch_bounds__(bulk_threads<FD>(), kMinCtas) decode_bulk_kern
     mark_timeline(p, sm.t_pages1);
   }
   pdl_launch_dependents();
-  merge_and_store<D, kPack>(p, w, sm, st, warp, lane);
+  merge_and_store<D, W, kPack>(p, w, sm, st, warp, lane);
   record_timeline(p, sm.t_start, w.main_pages, sm.t_pages0, sm.t_pages1, &sm.marks);
 }
 

@@ -18,23 +18,24 @@ struct MergeRows {
   __host__ __device__ static constexpr int col(int d) { return d + kGap * (d / (D / 8)); }
 };
 
-template <int D>
+// W: the attending warps (decode_warps).
+template <int D, int W>
 struct DecodeSmem {
   union {
     uint4 qf[2][(D / 16) * 32];                      // main path, sink path
-    float o[kDecodeWarps][kMaxGroupPerCta][MergeRows<D>::kRow];  // per-warp O for the final merge (MergeRows;
-                                                                  // o[2]: query_staging)
+    float o[W][kMaxGroupPerCta][MergeRows<D>::kRow];  // per-warp O for the final merge (MergeRows;
+                                                      // o[2]: query_staging)
   };
-  float m[kDecodeWarps][kMaxGroupPerCta];
-  float l[kDecodeWarps][kMaxGroupPerCta];
-  float mv[kDecodeWarps][kMaxGroupPerCta];
+  float m[W][kMaxGroupPerCta];
+  float l[W][kMaxGroupPerCta];
+  float mv[W][kMaxGroupPerCta];
   unsigned qamax_bits;
   unsigned long long t_start, t_pages0, t_pages1;  // DecodePlan::cta_timeline: kept here, not in registers
   DecodeSmemMarks marks;
 };
 // DecodePlan::cta_timeline: the CTA's start and, zeroed, the marks that a kernel may leave unset.
-template <int D>
-__device__ __forceinline__ void start_timeline(const DecodeParams& p, DecodeSmem<D>& sm) {
+template <int D, int W>
+__device__ __forceinline__ void start_timeline(const DecodeParams& p, DecodeSmem<D, W>& sm) {
   if (p.timeline == nullptr || threadIdx.x != 0) return;
   sm.t_start = global_ns();
   sm.t_pages0 = sm.t_pages1 = 0;
@@ -90,18 +91,18 @@ __device__ __forceinline__ CtaWork cta_work(const DecodeParams& p, int unit_alig
 // their address needs no loaded value. Loaded after the ring's first copies, they queued behind the
 // whole grid's ring bytes and the query was ready 7-9 us after the CTA's start, its first ring items long
 // since arrived (docs/GPU_NOTES.md §22).
-template <int D>
+template <int D, int W>
 struct QueryLoad {
-  static constexpr int kN = kMaxGroupPerCta * D / kDecodeThreads;  // enough for the smallest CTA
+  static constexpr int kN = kMaxGroupPerCta * D / (W * 32);  // enough for W warps (a producer warp adds threads)
   float v[kN];
 };
-template <int D>
-__device__ __forceinline__ QueryLoad<D> load_query(const DecodeParams& p, const CtaWork& place) {
-  QueryLoad<D> ql;
+template <int D, int W>
+__device__ __forceinline__ QueryLoad<D, W> load_query(const DecodeParams& p, const CtaWork& place) {
+  QueryLoad<D, W> ql;
   const float* q_rows = p.q + (static_cast<size_t>(place.seq) * p.num_q_heads + place.hq0) * D;
   const int n = place.valid_heads * D;
 #pragma unroll
-  for (int k = 0; k < QueryLoad<D>::kN; ++k) {
+  for (int k = 0; k < QueryLoad<D, W>::kN; ++k) {
     const int idx = threadIdx.x + k * blockDim.x;
     ql.v[k] = idx < n ? __ldg(q_rows + idx) : 0.f;
   }
@@ -125,9 +126,9 @@ __device__ __forceinline__ void store_empty(const DecodeParams& p, const CtaWork
 
 // Where prepare_query stages the query rows: o[2] of the union, free while the fragments (qf, the size
 // of o[0] and o[1]) are built, and as large as the rows (kMaxGroupPerCta x D).
-template <int D>
-__device__ __forceinline__ float* query_staging(DecodeSmem<D>& sm) {
-  static_assert(sizeof(sm.qf) <= 2 * sizeof(sm.o[0]) && kDecodeWarps >= 3 && sizeof(sm.o[2]) >= kMaxGroupPerCta * D * 4,
+template <int D, int W>
+__device__ __forceinline__ float* query_staging(DecodeSmem<D, W>& sm) {
+  static_assert(sizeof(sm.qf) <= 2 * sizeof(sm.o[0]) && W >= 3 && sizeof(sm.o[2]) >= kMaxGroupPerCta * D * 4,
                 "the staging rows must fit o[2], clear of qf");
   return &sm.o[2][0][0];
 }
@@ -136,8 +137,8 @@ __device__ __forceinline__ float* query_staging(DecodeSmem<D>& sm) {
 // load_query brought; returns the factor that undoes the power-of-two prescale, which keeps fp16
 // fragments in range whatever the query's magnitude. Every thread of the CTA must call it (it
 // synchronises).
-template <Format F, int D>
-__device__ float prepare_query(const DecodeParams& p, const CtaWork& w, DecodeSmem<D>& sm, const QueryLoad<D>& ql) {
+template <Format F, int D, int W>
+__device__ float prepare_query(const DecodeParams& p, const CtaWork& w, DecodeSmem<D, W>& sm, const QueryLoad<D, W>& ql) {
   const int tid = threadIdx.x;
   float* rows = query_staging(sm);
   if (tid == 0) sm.qamax_bits = 0u;
@@ -145,7 +146,7 @@ __device__ float prepare_query(const DecodeParams& p, const CtaWork& w, DecodeSm
   float qa = 0.f;
   const int n = w.valid_heads * D;
 #pragma unroll
-  for (int k = 0; k < QueryLoad<D>::kN; ++k) {
+  for (int k = 0; k < QueryLoad<D, W>::kN; ++k) {
     const int idx = tid + k * static_cast<int>(blockDim.x);
     if (idx < n) rows[idx] = ql.v[k], qa = fmaxf(qa, fabsf(ql.v[k]));
   }
@@ -201,11 +202,11 @@ __device__ __forceinline__ PartArgs sink_args(const DecodeParams& p, const CtaWo
   a.kconst = unscale, a.lvconst = 0.f;
   return a;
 }
-template <int D>
+template <int D, int W>
 __device__ __forceinline__ void run_sink(const DecodeParams& p, const CtaWork& w, const uint4* qf, float unscale,
                                          int warp, int lane, State<D>& st) {
   if (w.sink_t0 >= w.sink_t1) return;
-  run_part<Format::kBf16, D, ScaleMode::kNone>(p, sink_args(p, w, unscale), w.kv_head, qf, warp, lane, st);
+  run_part<Format::kBf16, D, ScaleMode::kNone, W>(p, sink_args(p, w, unscale), w.kv_head, qf, warp, lane, st);
 }
 
 // Arguments of the main (quantized) part: scale constants per mode.
@@ -227,10 +228,10 @@ __device__ __forceinline__ PartArgs main_args(const DecodeParams& p, const CtaWo
   return a;
 }
 
-// Merges the kDecodeWarps consumer warps' softmax states through shared memory and stores the
-// CTA's rows. Warps >= kDecodeWarps (the bulk kernel's producer) only take part in the barriers.
-template <int D, bool kPack = false>
-__device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeSmem<D>& sm, State<D>& st, int warp,
+// Merges the W attending warps' softmax states through shared memory and stores the CTA's rows.
+// Warps >= W (the bulk kernel's producer) only take part in the barriers.
+template <int D, int W, bool kPack = false>
+__device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeSmem<D, W>& sm, State<D>& st, int warp,
                                 int lane) {
   constexpr float kNegInf = -__builtin_huge_valf();
   // l is summed over the 4 lanes that share a head (packed: and the 4 of g + 4); packed O columns of
@@ -246,7 +247,7 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
   }
   __syncthreads();  // everyone is done with the query fragments (union with o)
   mark_timeline(p, sm.marks.t_warps);
-  if (warp < kDecodeWarps) {
+  if (warp < W) {
     const int g = lane >> 2, t = lane & 3;
     if (t == 0) {
       sm.m[warp][g] = st.m;
@@ -267,11 +268,11 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
     const int h = threadIdx.x;
     float M = kNegInf;
 #pragma unroll
-    for (int v = 0; v < kDecodeWarps; ++v) M = fmaxf(M, sm.m[v][h]);
+    for (int v = 0; v < W; ++v) M = fmaxf(M, sm.m[v][h]);
     const float M_use = M == kNegInf ? 0.f : M;
     float L = 0.f;
 #pragma unroll
-    for (int v = 0; v < kDecodeWarps; ++v) {
+    for (int v = 0; v < W; ++v) {
       L += sm.l[v][h] * exp2f(sm.m[v][h] - M_use);
       const float mvw = sm.mv[v][h];
       sm.mv[v][h] = mvw == kNegInf ? -1.f : exp2f(mvw - M_use);
@@ -284,7 +285,7 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
     const float M = sm.m[0][h], L = sm.l[0][h];
     float num = 0.f;
 #pragma unroll
-    for (int v = 0; v < kDecodeWarps; ++v) {
+    for (int v = 0; v < W; ++v) {
       const float wv = sm.mv[v][h];
       num += wv < 0.f ? 0.f : sm.o[v][h][MergeRows<D>::col(d)] * wv;
     }

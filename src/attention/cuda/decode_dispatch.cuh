@@ -12,7 +12,8 @@ struct DecodeKernelFn {
   void (*fn_producer)(DecodeParams) = nullptr;  // bulk kernels: the same with Feed::kProducer
   void (*fn_packed)(DecodeParams) = nullptr;    // 8- and 4-bit at head_dim <= 128: kPack instances (<= 4 heads
   void (*fn_producer_packed)(DecodeParams) = nullptr;  // per CTA, compute_tiles), else null
-  bool bulk = false;  // decode_bulk_kernel: bulk_threads<Feed>() threads and a dynamic shared-memory ring
+  bool bulk = false;  // decode_bulk_kernel: bulk_threads<Feed, W>() threads and a dynamic shared-memory ring
+  int warps = 4;      // attending warps per CTA (decode_warps)
   explicit operator bool() const { return fn != nullptr; }
   bool has_packed() const { return fn_packed != nullptr; }
   // The kernel and its CTA size for a plan's feed and head packing (DecodePlan::producer_warp, packed_heads).
@@ -20,10 +21,7 @@ struct DecodeKernelFn {
     if (packed) return producer ? fn_producer_packed : fn_packed;
     return producer ? fn_producer : fn;
   }
-  int threads(bool producer) const {
-    if (!bulk) return kDecodeThreads;
-    return producer ? bulk_threads<Feed::kProducer>() : bulk_threads<Feed::kSelf>();
-  }
+  int threads(bool producer) const { return (warps + (bulk && producer ? 1 : 0)) * 32; }
 };
 using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 
@@ -31,16 +29,19 @@ using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 // the register kernel at 256, where a 16-bit tile pair (K 32 + V 32 words per lane and tile) does not
 // fit the bulk kernel's register budget (docs/GPU_NOTES.md §9, §11, §13, §16). The register cap
 // (kMinCtas) lets that many CTAs share an SM with their rings: with Feed::kSelf (four warps) D64 and
-// D128 at 4 (<= 128 registers), D256 at 2; with Feed::kProducer (five warps) D64 at 4 (96 registers),
-// D128 at 3, D256 at 2 (<= 204; it takes 166-178 with no spill, and two CTAs per SM were 9-21% faster
-// than one at block 16, docs/GPU_NOTES.md §17).
+// D128 at 4 (<= 128 registers), int4's D256 at 2; with Feed::kProducer (five warps) D64 at 4 (96
+// registers), D128 at 3, int4's D256 at 2 (<= 204; it takes 166-178 with no spill, and two CTAs per SM
+// were 9-21% faster than one at block 16, docs/GPU_NOTES.md §17). 8-bit pages at D256 have eight
+// attending warps (decode_warps) and one CTA per SM, as their plan had with four (§22, §24).
 // Packed-head instances (compute_tiles' kPack: two tiles per set of softmax instructions when a CTA
 // has at most 4 query heads) for the 8- and 4-bit formats at head_dim 64 and 128, whose softmax step
 // has an even number of tiles; 16-bit caches and head_dim 256 keep one instance per feed.
 template <Format F, int D, ScaleMode SM>
 DecodeKernelFn bulk_instance() {
-  constexpr int kSelfCtas = D == 256 ? 2 : 4, kProducerCtas = D == 64 ? 4 : D == 128 ? 3 : 2;
+  constexpr int W = decode_warps(Path<F>::kBits, D);
+  constexpr int kSelfCtas = D == 256 ? 8 / W : 4, kProducerCtas = D == 64 ? 4 : D == 128 ? 3 : 8 / W;
   DecodeKernelFn k;
+  k.warps = W;
   k.fn = decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf>;
   k.fn_producer = decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer>;
   if constexpr (Path<F>::kBits <= 8 && D <= 128 && TileShape<F, D>::kRingStepTiles % 2 == 0) {
@@ -54,6 +55,7 @@ template <Format F, int D, ScaleMode SM>
 DecodeKernelFn register_instance() {
   DecodeKernelFn k;
   k.fn = decode_kernel<F, D, SM, 1>;
+  k.warps = decode_warps(Path<F>::kBits, D);
   return k;
 }
 template <Format F, int D, ScaleMode SM>

@@ -31,8 +31,13 @@ namespace kvq::attention::cuda::detail {
 
 enum class ScaleMode : int { kNone, kTensor, kToken };
 
-constexpr int kDecodeWarps = 4;
-constexpr int kDecodeThreads = kDecodeWarps * 32;
+// Attending warps per CTA (the kernels' template parameter W): four, and eight at head dim 256 for 16-bit
+// and 8-bit caches, whose plans put one or two CTAs on an SM, so that four warps per CTA left the SM too few
+// warps to hide a tile's latency: eight were 3-17% faster there on five D256 shapes at both block sizes, while
+// at head dim 64 and 128 (four CTAs per SM) they lost up to 20%, and int4 at 256 gained or lost by shape
+// (docs/GPU_NOTES.md §24).
+KVQ_HD constexpr int decode_warps(int bits, int head_dim) { return head_dim == 256 && bits >= 8 ? 8 : 4; }
+constexpr int kMaxDecodeWarps = 8;
 constexpr int kTileTokens = 8;
 constexpr int kMaxGroupPerCta = 8;
 
@@ -58,7 +63,7 @@ struct DecodeParams {
   int spread_sink;  // the sink's tiles dealt over all splits (SplitShape::spread_sink), else the first
   float softmax_scale;
   float fnuz_factor;  // 0.5 for FNUZ read as OCP, else 1
-  int ring_stages;    // bulk kernel: pages in flight per CTA (a multiple of kDecodeWarps, <= kMaxStages)
+  int ring_stages;    // bulk kernel: pages in flight per CTA (a multiple of the attending warps, <= kMaxStages)
   int stage_bytes;    // bulk kernel: bytes of one ring stage (bulk_stage_bytes)
   unsigned long long* timeline;  // DecodePlan::cta_timeline (diagnostics), usually null
   int sink_in_ring;              // bulk kernel: DecodePlan::sink_in_ring
@@ -483,9 +488,9 @@ __device__ __forceinline__ void pack_state(State<D>& st, int lane) {
 }
 
 // One part's tiles [tile_begin, tile_end) for this warp: bundles of NT tiles dealt round-robin to
-// the warps, the next bundle's loads in flight while the current one is computed, page ids one
+// the W attending warps, the next bundle's loads in flight while the current one is computed, page ids one
 // bundle further ahead still.
-template <Format F, int D, ScaleMode SM>
+template <Format F, int D, ScaleMode SM, int W>
 __device__ __forceinline__ void run_part(const DecodeParams& p, const PartArgs& a, int kv_head, const uint4* qf, int warp,
                                          int lane, State<D>& st) {
   constexpr int NT = TileShape<F, D>::kNT;
@@ -527,11 +532,11 @@ __device__ __forceinline__ void run_part(const DecodeParams& p, const PartArgs& 
         next_page[i] = tile < a.tile_end ? page_of(tile) : 0;
       }
     };
-    fetch_pages(b + kDecodeWarps);
-    for (; b < n_bundles; b += kDecodeWarps) {
+    fetch_pages(b + W);
+    for (; b < n_bundles; b += W) {
       Payload<F, D> nxt[NT];
-      load_bundle(b + kDecodeWarps, nxt, [&](int i, int) { return next_page[i]; });
-      fetch_pages(b + 2 * kDecodeWarps);
+      load_bundle(b + W, nxt, [&](int i, int) { return next_page[i]; });
+      fetch_pages(b + 2 * W);
       compute_bundle(b);
 #pragma unroll
       for (int i = 0; i < NT; ++i) cur[i] = nxt[i];
@@ -539,7 +544,7 @@ __device__ __forceinline__ void run_part(const DecodeParams& p, const PartArgs& 
   } else {
     for (;;) {
       compute_bundle(b);
-      b += kDecodeWarps;
+      b += W;
       if (b >= n_bundles) break;
       load_bundle(b, cur, table_page);
     }
