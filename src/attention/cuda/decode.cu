@@ -190,12 +190,13 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       const int cap = ctas_per_sm >= 3 ? 8 : detail::kMaxStages;
       stages = std::clamp(kRingPerSm / std::max(ctas_per_sm, 1) / stage / kStep * kStep, kStep, cap);
       while (stages > kStep && occupancy(stages) < ctas_per_sm) stages -= kStep;
-      // With two or fewer CTAs per SM few warps hide a page's latency, and a ring of one stage per
-      // attending warp leaves that warp nothing in flight while it computes: take two per warp even
-      // where that halves the CTAs per SM (D256 block 32: 2 CTAs x 4 stages 44.5 us, 1 x 8 41.8;
-      // docs/GPU_NOTES.md §17).
-      if (ctas_per_sm <= 2 && stages < 2 * kStep && occupancy(2 * kStep) >= 1)  // 0 when the ring does not fit
-        stages = 2 * kStep;
+      // At head dim 256, with two or fewer CTAs per SM, few warps hide a page's latency, and a ring of one
+      // stage per attending warp leaves that warp nothing in flight while it computes: take two per warp
+      // even where that halves the CTAs per SM (D256 block 32: 2 CTAs x 4 stages 44.5 us, 1 x 8 41.8;
+      // docs/GPU_NOTES.md §17). Not at 128: bf16 pages of 32 tokens (16 KB) went from two CTAs of 4 stages
+      // to one of 8 and lost 4-5% (B64 Hkv8 L8192 494.6 -> 516.4 us, B32 L4096 131.7 -> 138.5; §24).
+      if (a.geom.head_dim == 256 && ctas_per_sm <= 2 && stages < 2 * kStep && occupancy(2 * kStep) >= 1)
+        stages = 2 * kStep;  // occupancy 0: the ring does not fit
     }
     while (stages > kStep && ring_bytes(stages) > max_dyn) stages -= kStep;
     if (ring_bytes(stages) > max_dyn)
