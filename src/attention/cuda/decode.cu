@@ -170,10 +170,10 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       }
       return n;
     };
-    const int kStep = kern.warps;  // a whole number of stages per attending warp
-    int stages = kStep;
+    const int step = kern.warps;  // a whole number of stages per attending warp
+    int stages = step;
     if (opts.ring_stages > 0) {
-      stages = std::clamp(opts.ring_stages / kStep * kStep, kStep, detail::kMaxStages);
+      stages = std::clamp(opts.ring_stages / step * step, step, detail::kMaxStages);
     } else {
       // About kRingPerSm bytes of ring per SM, shared by the CTAs that fit with the shallowest ring,
       // and never so deep that one fewer fits. Measured best depths (docs/GPU_NOTES.md §9, §13): with
@@ -186,19 +186,19 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       // Head dim 256 with 8-bit pages (8 KB at block 16): one CTA per SM with the whole ring (16 stages) beat
       // two CTAs of 8 stages by 3-6% (fp8/int8, B16 Hq8 Hkv1 and B4 Hq32 Hkv8 at L8192; docs/GPU_NOTES.md §22),
       // as at block 32, where a stage is 16 KB and the rule below already gives one CTA of 8.
-      const int ctas_per_sm = a.geom.head_dim == 256 && format_bits(a.geom.format) == 8 ? 1 : occupancy(kStep);
+      const int ctas_per_sm = a.geom.head_dim == 256 && format_bits(a.geom.format) == 8 ? 1 : occupancy(step);
       const int cap = ctas_per_sm >= 3 ? 8 : detail::kMaxStages;
-      stages = std::clamp(kRingPerSm / std::max(ctas_per_sm, 1) / stage / kStep * kStep, kStep, cap);
-      while (stages > kStep && occupancy(stages) < ctas_per_sm) stages -= kStep;
+      stages = std::clamp(kRingPerSm / std::max(ctas_per_sm, 1) / stage / step * step, step, cap);
+      while (stages > step && occupancy(stages) < ctas_per_sm) stages -= step;
       // At head dim 256, with two or fewer CTAs per SM, few warps hide a page's latency, and a ring of one
       // stage per attending warp leaves that warp nothing in flight while it computes: take two per warp
       // even where that halves the CTAs per SM (D256 block 32: 2 CTAs x 4 stages 44.5 us, 1 x 8 41.8;
       // docs/GPU_NOTES.md §17). Not at 128: bf16 pages of 32 tokens (16 KB) went from two CTAs of 4 stages
       // to one of 8 and lost 4-5% (B64 Hkv8 L8192 494.6 -> 516.4 us, B32 L4096 131.7 -> 138.5; §24).
-      if (a.geom.head_dim == 256 && ctas_per_sm <= 2 && stages < 2 * kStep && occupancy(2 * kStep) >= 1)
-        stages = 2 * kStep;  // occupancy 0: the ring does not fit
+      if (a.geom.head_dim == 256 && ctas_per_sm <= 2 && stages < 2 * step && occupancy(2 * step) >= 1)
+        stages = 2 * step;  // occupancy 0: the ring does not fit
     }
-    while (stages > kStep && ring_bytes(stages) > max_dyn) stages -= kStep;
+    while (stages > step && ring_bytes(stages) > max_dyn) stages -= step;
     if (ring_bytes(stages) > max_dyn)
       return unsupported("cuda decode: a page tile of " + str(stage) + " bytes does not fit the ring in shared memory");
     p.ring_stages = stages;

@@ -37,7 +37,6 @@ enum class ScaleMode : int { kNone, kTensor, kToken };
 // at head dim 64 and 128 (four CTAs per SM) they lost up to 20%, and int4 at 256 gained or lost by shape
 // (docs/GPU_NOTES.md §24).
 KVQ_HD constexpr int decode_warps(int bits, int head_dim) { return head_dim == 256 && bits >= 8 ? 8 : 4; }
-constexpr int kMaxDecodeWarps = 8;
 constexpr int kTileTokens = 8;
 constexpr int kMaxGroupPerCta = 8;
 
