@@ -223,6 +223,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                      {"sink_tokens", r.sink_tokens},
                      {"splits", r.splits},
                      {"ctas_per_sm", r.ctas_per_sm},
+                     {"threads_per_cta", r.threads_per_cta},
                      {"us_median", r.us_median},
                      {"us_min", r.us_min},
                      {"us_max", r.us_max},

@@ -574,6 +574,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;
   row.ctas_per_sm = plan->ctas_per_sm;
+  row.threads_per_cta = plan->threads;
   row.ring_stages = plan->ring_stages;
   row.producer_warp = plan->producer_warp;
   row.packed_heads = plan->packed_heads;

@@ -81,6 +81,7 @@ struct DecodeBenchRow {
   ScaleGranularity granularity = ScaleGranularity::kPerTokenHead;
   int block_size = 16;
   int sink_tokens = 0, splits = 1, ctas_per_sm = 0;
+  int threads_per_cta = 0;  // attending warps (and a producer warp) x 32: DecodePlan::threads
   double us_median = 0, us_min = 0, us_max = 0;
   std::vector<double> us_replays;  // every timed replay in order (a case whose median moves between runs)
   double kv_bytes = 0;        // codes + scales + sink read
