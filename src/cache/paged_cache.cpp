@@ -12,11 +12,6 @@
 #include "paged_cache_internal.h"
 
 namespace kvq::cache {
-using paged_cache_internal::ceil_div;
-using paged_cache_internal::main_len_of;
-using paged_cache_internal::no_planes;
-using paged_cache_internal::seq_name;
-using paged_cache_internal::sink_len_of;
 namespace {
 
 // Sink planes hold bf16 as uint16 and the quantizer writes 2-byte values little-endian, so the

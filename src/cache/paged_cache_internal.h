@@ -1,12 +1,12 @@
 #pragma once
 // Small helpers shared by the paged cache's translation units (paged_cache.cpp: creation, writes, reads and
-// views; paged_cache_sequences.cpp: the sequences' lifecycle). Not part of the library's interface.
+// views; paged_cache_sequences.cpp: the sequences' lifecycle). Private to src/cache, not installed.
 #include <algorithm>
 #include <string>
 
 #include "kvq/cache/paged_cache.h"
 
-namespace kvq::cache::paged_cache_internal {
+namespace kvq::cache {
 
 inline Status no_planes(const std::string& what) {
   return unsupported(what + " needs host planes; this cache is bookkeeping only (its planes live in a backend's memory)");
@@ -17,4 +17,4 @@ inline std::string seq_name(SeqId s) { return "sequence " + std::to_string(s); }
 inline int sink_len_of(int len, int cap) { return std::min(len, cap); }
 inline int main_len_of(int len, int cap) { return std::max(0, len - cap); }
 
-}  // namespace kvq::cache::paged_cache_internal
+}  // namespace kvq::cache

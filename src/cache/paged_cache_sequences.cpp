@@ -8,11 +8,6 @@
 // The paged cache's sequences: adding, freeing, forking and sharing prefixes, truncating and extending
 // them, and the page copies those need (creation, writes and reads are in paged_cache.cpp).
 namespace kvq::cache {
-using paged_cache_internal::ceil_div;
-using paged_cache_internal::main_len_of;
-using paged_cache_internal::no_planes;
-using paged_cache_internal::seq_name;
-using paged_cache_internal::sink_len_of;
 
 // ---- sequences ----------------------------------------------------------------------------------
 
