@@ -32,10 +32,10 @@ namespace kvq::attention::cuda::detail {
 enum class ScaleMode : int { kNone, kTensor, kToken };
 
 // Attending warps per CTA (the kernels' template parameter W): four, and eight at head dim 256 for 16-bit
-// and 8-bit caches, whose plans put one or two CTAs on an SM, so that four warps per CTA left the SM too few
-// warps to hide a tile's latency: eight were 3-17% faster there on five D256 shapes at both block sizes, while
-// at head dim 64 and 128 (four CTAs per SM) they lost up to 20%, and int4 at 256 gained or lost by shape
-// (docs/GPU_NOTES.md §24).
+// and 8-bit caches, whose plans put one or two CTAs on an SM, so that four warps per CTA left the SM too
+// few warps to hide a tile's latency: eight took 0.83-0.98x of the time there on five D256 shapes at block
+// 16 (0.95-1.00x at 32), while at head dim 64 and 128 (four CTAs per SM) they lost up to 20%, and int4 at
+// 256 gained or lost by shape (docs/GPU_NOTES.md §24).
 KVQ_HD constexpr int decode_warps(int bits, int head_dim) { return head_dim == 256 && bits >= 8 ? 8 : 4; }
 constexpr int kTileTokens = 8;
 constexpr int kMaxGroupPerCta = 8;
