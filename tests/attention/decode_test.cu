@@ -307,6 +307,68 @@ TEST(CudaDecodeApi, PlanDoesNotDependOnEarlierPlans) {
   }
 }
 
+// Rows (sequences x kv heads) that fill two CTAs per SM: one split of two producer-fed CTAs per SM at head dim
+// 128 for fp8, int8 pages of 32 tokens and bf16 pages of 16 (DecodePlan::split_pairs), not for int4, int8 pages
+// of 16 tokens or fewer rows;
+// and such a batch's planned decode (check_case's planned runs) matches the CPU reference.
+TEST(CudaDecodeApi, RowsForTwoCtasPerSmPlanOneSplit) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  const CudaDeviceInfo dev = cuda_device_info().value();
+  auto dummy = kc::DeviceBuffer::create(256);
+  ASSERT_TRUE(dummy.is_ok());
+  uint8_t* mem = dummy.value().as<uint8_t>();
+  auto args = [&](Format f, int batch, int bs) {
+    DecodeArgs a;
+    a.geom.num_layers = 1, a.geom.num_kv_heads = 4, a.geom.head_dim = 128, a.geom.block_size = bs;
+    a.geom.format = f, a.geom.granularity = ScaleGranularity::kPerTokenHead;
+    a.geom.num_pages = batch * (4096 / bs), a.geom.num_sink_pages = batch * (256 / bs);
+    a.layer.k_codes = a.layer.v_codes = mem;
+    a.layer.k_scales = a.layer.v_scales = mem;
+    a.layer.k_sink = a.layer.v_sink = reinterpret_cast<uint16_t*>(mem);
+    a.tables.num_seqs = batch;
+    a.tables.seq_lens = a.tables.sink_lens = a.tables.block_tables = a.tables.sink_tables = reinterpret_cast<int32_t*>(mem);
+    a.tables.max_blocks = 4096 / bs, a.tables.max_sink_blocks = 256 / bs;
+    a.q = reinterpret_cast<float*>(mem), a.out = reinterpret_cast<float*>(mem);
+    a.num_q_heads = 16, a.softmax_scale = 0.088f;
+    return a;
+  };
+  const int pairs_batch = 2 * dev.sm_count / 4;  // rows = 4 x batch, within 3 of 2 x sm_count
+  for (Format f : {Format::kFp8E4m3, Format::kInt8, Format::kBf16, Format::kInt4}) {
+    for (int bs : {16, 32}) {
+      auto p = kc::plan(args(f, pairs_batch, bs), dev);
+      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      const bool want = f == Format::kFp8E4m3 || (f == Format::kInt8 && bs == 32) || (f == Format::kBf16 && bs == 16);
+      const std::string tag = std::string(format_name(f)) + " block " + std::to_string(bs);
+      EXPECT_EQ(p.value().split_pairs, want) << tag;
+      if (want) {
+        EXPECT_EQ(p.value().num_splits, 1) << tag;
+        EXPECT_TRUE(p.value().producer_warp) << tag;
+        EXPECT_GE(p.value().ctas_per_sm, 2) << tag;
+        EXPECT_GE(p.value().ring_stages * (2 * bs * 128 * format_traits(f).bits / 8), 48 << 10) << tag;
+      }
+      auto fewer = kc::plan(args(f, 3 * dev.sm_count / 8, bs), dev);  // 1.5 x sm_count rows
+      ASSERT_TRUE(fewer.is_ok());
+      EXPECT_FALSE(fewer.value().split_pairs) << tag;
+      kc::DecodeOptions forced;
+      forced.force_splits = 2;
+      auto two = kc::plan(args(f, pairs_batch, bs), dev, forced);
+      ASSERT_TRUE(two.is_ok());
+      EXPECT_FALSE(two.value().split_pairs) << tag;
+      EXPECT_EQ(two.value().num_splits, 2) << tag;
+    }
+  }
+  // The planned decode of such a batch (short, ragged sequences with a sink) against the CPU.
+  for (Format f : {Format::kFp8E4m3Fnuz, Format::kBf16}) {
+    AttnCase c;
+    c.format = f, c.head_dim = 128, c.num_kv_heads = 4, c.group = 4, c.block_size = 16, c.sink = 32;
+    std::mt19937 rng(41);
+    for (int i = 0; i < pairs_batch; ++i) c.lens.push_back(1 + static_cast<int>(rng() % 700));
+    c.seed = 4100 + static_cast<int>(f);
+    check_case(c);
+  }
+}
+
 // A small fp8 decode (two sequences of 900 and 40 tokens, 2 kv heads x 4 query heads, D128, a sink of
 // 16) uploaded and ready to run: the API tests' common case.
 struct SmallDecode {

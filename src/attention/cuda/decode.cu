@@ -147,8 +147,19 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       const long long slots = static_cast<long long>(sms) * occ, splits = slots / base;
       producer_fills = splits >= 2 && base * splits * 10 >= slots * 9;
     }
+    // One split in two producer-fed CTAs per SM where the batch's rows fill that (2 sm_count rows, >= 95% of
+    // them), instead of two splits in four self-fed CTAs per SM: the same balance without the split merge and
+    // a second ramp. Head dim 128; fp8 (2-5% faster at block 16 and 32), int8 at block 32 (2-5%; at block 16
+    // its dequantization's extra instructions made it 2-4% slower with half the warps), bf16/fp16 at block 16
+    // (1-2%; at 32 they already plan two CTAs of one split); not int4 (up to 12% slower at block 16; §25).
+    const int bits = format_bits(a.geom.format);
+    const bool fp8 = a.geom.format == Format::kFp8E4m3 || a.geom.format == Format::kFp8E4m3Fnuz;
+    const bool pairs_format = (bits == 8 && (fp8 || a.geom.block_size == 32)) || (bits == 16 && a.geom.block_size == 16);
+    p.split_pairs = opts.ring_feed == RingFeed::kAuto && opts.ring_stages <= 0 && opts.force_splits <= 0 &&
+                    a.geom.head_dim == 128 && pairs_format && base <= 2LL * sms && base * 20 >= 2LL * sms * 19;
     p.producer_warp = opts.ring_feed == RingFeed::kProducer ||
-                      (opts.ring_feed == RingFeed::kAuto && (producer_fills || (!self_pages && base < sms / 2)));
+                      (opts.ring_feed == RingFeed::kAuto &&
+                       (p.split_pairs || producer_fills || (!self_pages && base < sms / 2)));
   }
   // The merge's launch overlapped with the decode's last CTAs: 0.5-4.5% faster on the split shapes at head dim
   // 64 and 128, 1-7% slower at 256 (docs/GPU_NOTES.md §21).
@@ -197,6 +208,17 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       // to one of 8 and lost 4-5% (B64 Hkv8 L8192 494.6 -> 516.4 us, B32 L4096 131.7 -> 138.5; §24).
       if (a.geom.head_dim == 256 && ctas_per_sm <= 2 && stages < 2 * step && occupancy(2 * step) >= 1)
         stages = 2 * step;  // occupancy 0: the ring does not fit
+      // Two CTAs per SM (split_pairs): at least 48 KB of ring each, whole steps: 12 stages of fp8/int8 pages of
+      // 16 tokens (2-3% faster than 8), 8 of 32 tokens or of bf16 pages of 16 (§25).
+      if (p.split_pairs) {
+        constexpr int kPairRingBytes = 48 << 10;
+        const int pair = std::clamp(ceil_div(ceil_div(kPairRingBytes, stage), step) * step, step, detail::kMaxStages);
+        if (occupancy(pair) >= 2) {
+          stages = pair;
+        } else {
+          p.split_pairs = false;
+        }
+      }
     }
     while (stages > step && ring_bytes(stages) > max_dyn) stages -= step;
     if (ring_bytes(stages) > max_dyn)
@@ -221,8 +243,8 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   auto set_spread_sink = [&] {
     p.spread_sink = opts.spread_sink >= 0 ? opts.spread_sink == 1 : base * p.num_splits <= wave;
   };
-  if (opts.force_splits > 0) {
-    p.num_splits = opts.force_splits;
+  if (opts.force_splits > 0 || p.split_pairs) {
+    p.num_splits = p.split_pairs ? 1 : opts.force_splits;
     set_spread_sink();
     return p;
   }

@@ -54,7 +54,9 @@ struct DecodePlan {
   int ring_stages = 0;      // ring-kernel caches: stages in flight per CTA in the shared-memory ring; a stage is
                             // one softmax step's pages (two 16-token pages at 8-bit D64 and int4 D64/D128, else one)
   int smem_bytes = 0;       // dynamic shared memory per CTA (the ring and its barriers)
-  bool producer_warp = false;  // 8- and 4-bit caches: a fifth warp refills the ring (else the attending warps)
+  bool producer_warp = false;  // ring kernels: a warp more refills the ring (else the attending warps)
+  bool split_pairs = false;    // one split in two producer-fed CTAs per SM: the batch's rows fill 2 x sm_count
+                               // (>= 95%), where two splits of four CTAs per SM would add a merge (§25 of GPU_NOTES)
   bool ring_16bit = true;      // bf16/fp16 caches at head_dim 64/128: the bulk-copy kernel (else the register kernel)
   bool packed_heads = false;   // 8- and 4-bit caches at head_dim <= 128 with <= 4 query heads per kv head: lanes of
                                // the idle heads score a second tile (docs/GPU_NOTES.md §18)
