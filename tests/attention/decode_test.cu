@@ -265,27 +265,30 @@ TEST(CudaDecodeApi, RejectsWhatItCannotRun) {
 // shared memory got the query refused (ring and static memory over 48 KB) until that kernel had been
 // planned once, so the first plan of a process differed from later ones (docs/GPU_NOTES.md §22). ctest
 // runs each test in a process of its own, so here the first plan of each format is a fresh process's.
+// Arguments for plan() alone: sizes and valid (unused) pointers, `len` tokens per sequence, a 256-token sink.
+DecodeArgs plan_only_args(uint8_t* mem, Format f, int batch, int hkv, int hq, int head_dim, int bs, int len) {
+  DecodeArgs a;
+  a.geom.num_layers = 1, a.geom.num_kv_heads = hkv, a.geom.head_dim = head_dim, a.geom.block_size = bs;
+  a.geom.format = f, a.geom.granularity = ScaleGranularity::kPerTokenHead;
+  a.geom.num_pages = batch * (len / bs), a.geom.num_sink_pages = batch * (256 / bs);
+  a.layer.k_codes = a.layer.v_codes = mem;
+  a.layer.k_scales = a.layer.v_scales = mem;
+  a.layer.k_sink = a.layer.v_sink = reinterpret_cast<uint16_t*>(mem);
+  a.tables.num_seqs = batch;
+  a.tables.seq_lens = a.tables.sink_lens = a.tables.block_tables = a.tables.sink_tables = reinterpret_cast<int32_t*>(mem);
+  a.tables.max_blocks = len / bs, a.tables.max_sink_blocks = 256 / bs;
+  a.q = reinterpret_cast<float*>(mem), a.out = reinterpret_cast<float*>(mem);
+  a.num_q_heads = hq, a.softmax_scale = 0.088f;
+  return a;
+}
+
 TEST(CudaDecodeApi, PlanDoesNotDependOnEarlierPlans) {
   std::string why;
   if (!have_gpu(&why)) GTEST_SKIP() << why;
   auto dummy = kc::DeviceBuffer::create(256);  // plan() reads sizes only; the pointers must merely be valid
   ASSERT_TRUE(dummy.is_ok());
   uint8_t* mem = dummy.value().as<uint8_t>();
-  auto args = [&](Format f, int batch, int hkv, int len) {
-    DecodeArgs a;
-    a.geom.num_layers = 1, a.geom.num_kv_heads = hkv, a.geom.head_dim = 128, a.geom.block_size = 16;
-    a.geom.format = f, a.geom.granularity = ScaleGranularity::kPerTokenHead;
-    a.geom.num_pages = batch * (len / 16), a.geom.num_sink_pages = batch * 16;
-    a.layer.k_codes = a.layer.v_codes = mem;
-    a.layer.k_scales = a.layer.v_scales = mem;
-    a.layer.k_sink = a.layer.v_sink = reinterpret_cast<uint16_t*>(mem);
-    a.tables.num_seqs = batch;
-    a.tables.seq_lens = a.tables.sink_lens = a.tables.block_tables = a.tables.sink_tables = reinterpret_cast<int32_t*>(mem);
-    a.tables.max_blocks = len / 16, a.tables.max_sink_blocks = 16;
-    a.q = reinterpret_cast<float*>(mem), a.out = reinterpret_cast<float*>(mem);
-    a.num_q_heads = 4 * hkv, a.softmax_scale = 0.088f;
-    return a;
-  };
+  auto args = [&](Format f, int batch, int hkv, int len) { return plan_only_args(mem, f, batch, hkv, 4 * hkv, 128, 16, len); };
   const CudaDeviceInfo dev = cuda_device_info().value();
   for (Format f : {Format::kFp8E4m3, Format::kInt8, Format::kInt4}) {
     const DecodeArgs mid = args(f, 8, 8, 8192);
@@ -318,21 +321,7 @@ TEST(CudaDecodeApi, RowsForTwoCtasPerSmPlanOneSplit) {
   auto dummy = kc::DeviceBuffer::create(256);
   ASSERT_TRUE(dummy.is_ok());
   uint8_t* mem = dummy.value().as<uint8_t>();
-  auto args = [&](Format f, int batch, int bs) {
-    DecodeArgs a;
-    a.geom.num_layers = 1, a.geom.num_kv_heads = 4, a.geom.head_dim = 128, a.geom.block_size = bs;
-    a.geom.format = f, a.geom.granularity = ScaleGranularity::kPerTokenHead;
-    a.geom.num_pages = batch * (4096 / bs), a.geom.num_sink_pages = batch * (256 / bs);
-    a.layer.k_codes = a.layer.v_codes = mem;
-    a.layer.k_scales = a.layer.v_scales = mem;
-    a.layer.k_sink = a.layer.v_sink = reinterpret_cast<uint16_t*>(mem);
-    a.tables.num_seqs = batch;
-    a.tables.seq_lens = a.tables.sink_lens = a.tables.block_tables = a.tables.sink_tables = reinterpret_cast<int32_t*>(mem);
-    a.tables.max_blocks = 4096 / bs, a.tables.max_sink_blocks = 256 / bs;
-    a.q = reinterpret_cast<float*>(mem), a.out = reinterpret_cast<float*>(mem);
-    a.num_q_heads = 16, a.softmax_scale = 0.088f;
-    return a;
-  };
+  auto args = [&](Format f, int batch, int bs) { return plan_only_args(mem, f, batch, 4, 16, 128, bs, 4096); };
   const int pairs_batch = 2 * dev.sm_count / 4;  // rows = 4 x batch, within 3 of 2 x sm_count
   for (Format f : {Format::kFp8E4m3, Format::kInt8, Format::kBf16, Format::kInt4}) {
     for (int bs : {16, 32}) {
@@ -366,6 +355,29 @@ TEST(CudaDecodeApi, RowsForTwoCtasPerSmPlanOneSplit) {
     for (int i = 0; i < pairs_batch; ++i) c.lens.push_back(1 + static_cast<int>(rng() % 700));
     c.seed = 4100 + static_cast<int>(f);
     check_case(c);
+  }
+}
+
+// At head dim 256 (one CTA of eight attending warps per SM) fp8 rings are fed by their attending warps, int8
+// rings by a producer warp (docs/GPU_NOTES.md §25); explicit feeds still win.
+TEST(CudaDecodeApi, FeedAtHeadDim256FollowsTheFormat) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  const CudaDeviceInfo dev = cuda_device_info().value();
+  auto dummy = kc::DeviceBuffer::create(256);
+  ASSERT_TRUE(dummy.is_ok());
+  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt8}) {
+    for (int bs : {16, 32}) {
+      const DecodeArgs a = plan_only_args(dummy.value().as<uint8_t>(), f, 16, 1, 8, 256, bs, 8192);
+      auto p = kc::plan(a, dev);
+      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+      EXPECT_EQ(p.value().producer_warp, f == Format::kInt8) << format_name(f) << " block " << bs;
+      kc::DecodeOptions producer;
+      producer.ring_feed = kc::RingFeed::kProducer;
+      auto forced = kc::plan(a, dev, producer);
+      ASSERT_TRUE(forced.is_ok());
+      EXPECT_TRUE(forced.value().producer_warp) << format_name(f) << " block " << bs;
+    }
   }
 }
 

@@ -157,9 +157,13 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     const bool pairs_format = (bits == 8 && (fp8 || a.geom.block_size == 32)) || (bits == 16 && a.geom.block_size == 16);
     p.split_pairs = opts.ring_feed == RingFeed::kAuto && opts.ring_stages <= 0 && opts.force_splits <= 0 &&
                     a.geom.head_dim == 128 && pairs_format && base <= 2LL * sms && base * 20 >= 2LL * sms * 19;
+    // fp8 at head dim 256 (one CTA of eight attending warps per SM): the warps feeding themselves were 2.5-3.4%
+    // faster on B16 Hq8 Hkv1 L8192 and B64 Hq8 Hkv1 L2048 and level elsewhere; int8, whose warps spend more
+    // instructions per page, lost up to 9% (docs/GPU_NOTES.md §25).
+    const bool fp8_d256_self = fp8 && a.geom.head_dim == 256;
     p.producer_warp = opts.ring_feed == RingFeed::kProducer ||
                       (opts.ring_feed == RingFeed::kAuto &&
-                       (p.split_pairs || producer_fills || (!self_pages && base < sms / 2)));
+                       (p.split_pairs || producer_fills || (!self_pages && !fp8_d256_self && base < sms / 2)));
   }
   // The merge's launch overlapped with the decode's last CTAs: 0.5-4.5% faster on the split shapes at head dim
   // 64 and 128, 1-7% slower at 256 (docs/GPU_NOTES.md §21).
