@@ -312,8 +312,7 @@ TEST(CudaDecodeApi, PlanDoesNotDependOnEarlierPlans) {
 
 // Rows (sequences x kv heads) that fill two CTAs per SM: one split of two producer-fed CTAs per SM at head dim
 // 128 for fp8, int8 pages of 32 tokens and bf16 pages of 16 (DecodePlan::split_pairs), not for int4, int8 pages
-// of 16 tokens or fewer rows;
-// and such a batch's planned decode (check_case's planned runs) matches the CPU reference.
+// of 16 tokens or fewer rows; and such a batch's planned decode (check_case's planned runs) matches the CPU.
 TEST(CudaDecodeApi, RowsForTwoCtasPerSmPlanOneSplit) {
   std::string why;
   if (!have_gpu(&why)) GTEST_SKIP() << why;

@@ -212,8 +212,9 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
       // to one of 8 and lost 4-5% (B64 Hkv8 L8192 494.6 -> 516.4 us, B32 L4096 131.7 -> 138.5; §24).
       if (a.geom.head_dim == 256 && ctas_per_sm <= 2 && stages < 2 * step && occupancy(2 * step) >= 1)
         stages = 2 * step;  // occupancy 0: the ring does not fit
-      // Two CTAs per SM (split_pairs): at least 48 KB of ring each, whole steps: 12 stages of fp8/int8 pages of
-      // 16 tokens (2-3% faster than 8), 8 of 32 tokens or of bf16 pages of 16 (§25).
+      // Two CTAs per SM (split_pairs): at least 48 KB of ring each, whole steps: 12 stages of fp8 pages of 16
+      // tokens (2-3% faster than 8), 8 of 8-bit pages of 32 tokens or of bf16 pages of 16 (§25). Where two such
+      // CTAs do not fit (never on an H200: two of 51-66 KB), the plan keeps the producer and its usual splits.
       if (p.split_pairs) {
         constexpr int kPairRingBytes = 48 << 10;
         const int pair = std::clamp(ceil_div(ceil_div(kPairRingBytes, stage), step) * step, step, detail::kMaxStages);
