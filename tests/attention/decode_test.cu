@@ -260,11 +260,6 @@ TEST(CudaDecodeApi, RejectsWhatItCannotRun) {
   EXPECT_EQ(kc::can_implement(a).code(), StatusCode::kInvalidArgument);
 }
 
-// plan() depends on its arguments and the device only: a batch plans the same whatever was planned
-// before in the process. A feed rule that asked the producer kernel's occupancy before reserving its
-// shared memory got the query refused (ring and static memory over 48 KB) until that kernel had been
-// planned once, so the first plan of a process differed from later ones (docs/GPU_NOTES.md §22). ctest
-// runs each test in a process of its own, so here the first plan of each format is a fresh process's.
 // Arguments for plan() alone: sizes and valid (unused) pointers, `len` tokens per sequence, a 256-token sink.
 DecodeArgs plan_only_args(uint8_t* mem, Format f, int batch, int hkv, int hq, int head_dim, int bs, int len) {
   DecodeArgs a;
@@ -282,6 +277,11 @@ DecodeArgs plan_only_args(uint8_t* mem, Format f, int batch, int hkv, int hq, in
   return a;
 }
 
+// plan() depends on its arguments and the device only: a batch plans the same whatever was planned
+// before in the process. A feed rule that asked the producer kernel's occupancy before reserving its
+// shared memory got the query refused (ring and static memory over 48 KB) until that kernel had been
+// planned once, so the first plan of a process differed from later ones (docs/GPU_NOTES.md §22). ctest
+// runs each test in a process of its own, so here the first plan of each format is a fresh process's.
 TEST(CudaDecodeApi, PlanDoesNotDependOnEarlierPlans) {
   std::string why;
   if (!have_gpu(&why)) GTEST_SKIP() << why;
