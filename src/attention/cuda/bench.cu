@@ -92,32 +92,50 @@ Status flush_l2(const BenchTiming& timing, DeviceBuffer& flush, cudaStream_t s) 
   return detail::launch_status("L2 flush (read)");
 }
 
-// Replays the graph, flushing L2 (untimed) before each timed replay. The case's setup (codes and scales
-// filled by kernels, memsets) runs on the legacy default stream, which the timer's non-blocking stream
-// does not wait for, hence the device-wide wait first. The warm-up lasts at least BenchTiming::warmup_ms:
-// after the previous case freed its buffers, a case's first ~10 ms of replays ran slow (fp8 B16 Hq32
-// Hkv16 L32768 after bf16: the first 18-20 replays at ~600 us, then ~528; docs/GPU_NOTES.md §23).
-Result<Stats> time_graph(Timer& t, Graph& g, const BenchTiming& timing, DeviceBuffer* flush) {
+// Times `enqueue` (which must only launch work on the stream) as CUDA graph replays. The case's setup (codes and
+// scales filled by kernels, memsets) runs on the legacy default stream, which the timer's non-blocking stream
+// does not wait for, hence the device-wide wait first. The warm-up lasts at least BenchTiming::warmup_ms: after
+// the previous case freed its buffers, a case's first ~10 ms of replays ran slow (fp8 B16 Hq32 Hkv16 L32768
+// after bf16: the first 18-20 replays at ~600 us, then ~528; docs/GPU_NOTES.md §23).
+//   replay    the work alone in the graph; each timed replay is the L2 flush (untimed), the start event, the
+//             graph's launch and the stop event: the work's time plus a lone graph launch's latency
+//   in_graph  the flush, the start event, the work and the stop event in one graph: the work starts as the
+//             node after the flush, as a kernel of an engine's captured decode step starts after the one before
+//             it, without a launch of its own (docs/GPU_NOTES.md §27)
+template <class F>
+Result<Stats> time_work(const BenchTiming& timing, DeviceBuffer* flush, F&& enqueue) {
+  Timer t;
+  KVQ_RETURN_IF_ERROR(t.init());
+  const bool flushing = flush != nullptr && timing.cold_l2;
+  Graph g;
+  KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+    if (!timing.in_graph) return enqueue(s);
+    if (flushing) KVQ_RETURN_IF_ERROR(flush_l2(timing, *flush, s));
+    KVQ_CUDA_TRY(cudaEventRecordWithFlags(t.start, s, cudaEventRecordExternal), "event record");
+    KVQ_RETURN_IF_ERROR(enqueue(s));
+    KVQ_CUDA_TRY(cudaEventRecordWithFlags(t.stop, s, cudaEventRecordExternal), "event record");
+    return Status::ok();
+  }));
   KVQ_CUDA_TRY(cudaDeviceSynchronize(), "waiting for the case's setup");
-  std::vector<float> ms;
-  const int iters = std::max(timing.iters, 30);
-  const auto t0 = std::chrono::steady_clock::now();
-  int warm = 0;
-  auto warming = [&] {
-    return warm < timing.warmup ||
-           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < timing.warmup_ms;
+  auto replay = [&](bool timed) -> Status {
+    if (timing.in_graph) {
+      KVQ_CUDA_TRY(cudaGraphLaunch(g.exec, t.stream), "graph launch");
+      return cuda_status(cudaStreamSynchronize(t.stream), "graph replay");
+    }
+    if (flushing) KVQ_RETURN_IF_ERROR(flush_l2(timing, *flush, t.stream));
+    if (timed) KVQ_CUDA_TRY(cudaEventRecord(t.start, t.stream), "event record");
+    KVQ_CUDA_TRY(cudaGraphLaunch(g.exec, t.stream), "graph launch");
+    if (timed) KVQ_CUDA_TRY(cudaEventRecord(t.stop, t.stream), "event record");
+    return cuda_status(cudaStreamSynchronize(t.stream), "graph replay");
   };
-  for (; warming(); ++warm) {
-    if (flush != nullptr && timing.cold_l2) KVQ_RETURN_IF_ERROR(flush_l2(timing, *flush, t.stream));
-    KVQ_CUDA_TRY(cudaGraphLaunch(g.exec, t.stream), "graph launch");
-    KVQ_CUDA_TRY(cudaStreamSynchronize(t.stream), "warm-up");
-  }
-  for (int i = 0; i < iters; ++i) {
-    if (flush != nullptr && timing.cold_l2) KVQ_RETURN_IF_ERROR(flush_l2(timing, *flush, t.stream));
-    KVQ_CUDA_TRY(cudaEventRecord(t.start, t.stream), "event record");
-    KVQ_CUDA_TRY(cudaGraphLaunch(g.exec, t.stream), "graph launch");
-    KVQ_CUDA_TRY(cudaEventRecord(t.stop, t.stream), "event record");
-    KVQ_CUDA_TRY(cudaEventSynchronize(t.stop), "event sync");
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int warm = 0; warm < timing.warmup ||
+                     std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < timing.warmup_ms;
+       ++warm)
+    KVQ_RETURN_IF_ERROR(replay(false));
+  std::vector<float> ms;
+  for (int i = 0; i < std::max(timing.iters, 30); ++i) {
+    KVQ_RETURN_IF_ERROR(replay(true));
     float m = 0;
     KVQ_CUDA_TRY(cudaEventElapsedTime(&m, t.start, t.stop), "elapsed");
     ms.push_back(m);
@@ -201,8 +219,9 @@ __global__ void gather_kernel(const uint4* __restrict__ src, const int32_t* __re
 }
 
 // The ceilings stream GiB-sized buffers (L2 irrelevant) after a warmup that lets the clocks come up.
-BenchTiming ceiling_timing(int iters) {
+BenchTiming ceiling_timing(int iters, bool in_graph) {
   BenchTiming t;
+  t.in_graph = in_graph;
   t.iters = std::max(iters, 30);
   t.warmup = 20;
   t.cold_l2 = false;
@@ -233,26 +252,22 @@ std::vector<DecodeShape> default_decode_shapes() {
           {8, 9, 3, 64, 2048},    {64, 9, 3, 64, 8192},   {16, 8, 1, 256, 8192}};
 }
 
-Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iters) {
+Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes, int iters, bool in_graph) {
   auto src = filled_source(bytes);
   if (!src.is_ok()) return src.status();
   auto dst = DeviceBuffer::create(bytes);
   if (!dst.is_ok()) return dst.status();
   auto dev = cuda_device_info();
   if (!dev.is_ok()) return dev.status();
-  const BenchTiming timing = ceiling_timing(iters);
+  const BenchTiming timing = ceiling_timing(iters, in_graph);
   double best_us = 0;
   for (int variant = 0; variant < 2; ++variant) {
-    Timer t;
-    KVQ_RETURN_IF_ERROR(t.init());
-    Graph g;
-    KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+    auto st = time_work(timing, nullptr, [&](cudaStream_t s) {
       if (variant == 0)
         return cuda_status(cudaMemcpyAsync(dst.value().get(), src.value().get(), bytes, cudaMemcpyDeviceToDevice, s), "copy");
       copy_kernel<<<dev->sm_count * 8, 256, 0, s>>>(src.value().as<uint4>(), dst.value().as<uint4>(), bytes / 16);
       return detail::launch_status("copy kernel");
-    }));
-    auto st = time_graph(t, g, timing, nullptr);
+    });
     if (!st.is_ok()) return st.status();
     if (best_us == 0 || st->median < best_us) best_us = st->median;
   }
@@ -277,10 +292,7 @@ Result<double> time_read_stream(DeviceBuffer& src, size_t n, DeviceBuffer& sink,
                                 const BenchTiming& timing, DeviceBuffer* flush, const CudaDeviceInfo& dev) {
   double best_us = 0;
   for (const ReadVariant v : variants) {
-    Timer t;
-    KVQ_RETURN_IF_ERROR(t.init());
-    Graph g;
-    KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+    auto st = time_work(timing, flush, [&](cudaStream_t s) {
       const int grid = dev.sm_count * v.ctas_per_sm, block = 2048 / v.ctas_per_sm;
       const uint4* p = src.as<uint4>();
       uint32_t* out = sink.as<uint32_t>();
@@ -290,8 +302,7 @@ Result<double> time_read_stream(DeviceBuffer& src, size_t n, DeviceBuffer& sink,
         read_kernel<8><<<grid, block, 0, s>>>(p, n, 1u, out);
       }
       return detail::launch_status("read kernel");
-    }));
-    auto st = time_graph(t, g, timing, flush);
+    });
     if (!st.is_ok()) return st.status();
     if (best_us == 0 || st->median < best_us) best_us = st->median;
   }
@@ -300,14 +311,14 @@ Result<double> time_read_stream(DeviceBuffer& src, size_t n, DeviceBuffer& sink,
 
 }  // namespace
 
-Result<CopyBandwidth> measure_read_bandwidth(size_t bytes, int iters) {
+Result<CopyBandwidth> measure_read_bandwidth(size_t bytes, int iters, bool in_graph) {
   auto src = filled_source(bytes);
   if (!src.is_ok()) return src.status();
   auto sink = DeviceBuffer::create(16);
   if (!sink.is_ok()) return sink.status();
   auto dev = cuda_device_info();
   if (!dev.is_ok()) return dev.status();
-  auto best_us = time_read_stream(src.value(), bytes / 16, sink.value(), kReadVariants, ceiling_timing(iters),
+  auto best_us = time_read_stream(src.value(), bytes / 16, sink.value(), kReadVariants, ceiling_timing(iters, in_graph),
                                   nullptr, dev.value());
   if (!best_us.is_ok()) return best_us.status();
   CopyBandwidth c;
@@ -317,7 +328,7 @@ Result<CopyBandwidth> measure_read_bandwidth(size_t bytes, int iters) {
   return c;
 }
 
-Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, size_t bytes, int iters) {
+Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, size_t bytes, int iters, bool in_graph) {
   if (chunk_bytes != 1024 && chunk_bytes != 2048 && chunk_bytes != 4096)
     return invalid_argument("bench: gather chunks of 1024, 2048 or 4096 bytes");
   auto src = filled_source(bytes);
@@ -336,11 +347,7 @@ Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, s
   KVQ_RETURN_IF_ERROR(dperm.value().upload(perm.data(), perm.size() * 4));
   auto dev = cuda_device_info();
   if (!dev.is_ok()) return dev.status();
-  const BenchTiming timing = ceiling_timing(iters);
-  Timer t;
-  KVQ_RETURN_IF_ERROR(t.init());
-  Graph g;
-  KVQ_RETURN_IF_ERROR(capture(t, g, [&](cudaStream_t s) {
+  auto st = time_work(ceiling_timing(iters, in_graph), nullptr, [&](cudaStream_t s) {
     const uint4* p = src.value().as<uint4>();
     const int32_t* pm = dperm.value().as<int32_t>();
     uint32_t* out = sink.value().as<uint32_t>();
@@ -349,8 +356,7 @@ Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, s
     if (chunk_bytes == 2048) gather_kernel<2048, 2><<<grid, 256, 0, s>>>(p, pm, n, 1u, out);
     if (chunk_bytes == 4096) gather_kernel<4096, 1><<<grid, 256, 0, s>>>(p, pm, n, 1u, out);
     return detail::launch_status("gather kernel");
-  }));
-  auto st = time_graph(t, g, timing, nullptr);
+  });
   if (!st.is_ok()) return st.status();
   CopyBandwidth c;
   c.bytes = static_cast<double>(n) * chunk_bytes;
@@ -460,7 +466,7 @@ Result<DecodeBenchRow::Timeline> decode_timeline(const DecodeArgs& a, DecodePlan
   plan.cta_timeline = buf.value().as<unsigned long long>();
   DecodeBenchRow::Timeline first;
   std::vector<unsigned long long> rows(static_cast<size_t>(n) * kTimelineWords);
-  KVQ_CUDA_TRY(cudaDeviceSynchronize(), "waiting for the case's setup");  // as in time_graph
+  KVQ_CUDA_TRY(cudaDeviceSynchronize(), "waiting for the case's setup");  // as in time_work
   for (int run_i = 0; run_i < std::max(runs, 1); ++run_i) {
     if (timing.cold_l2) KVQ_RETURN_IF_ERROR(flush_l2(timing, flush, t.stream));
     KVQ_CUDA_TRY(cudaEventRecord(t.start, t.stream), "event record");
@@ -581,11 +587,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   auto ws = DeviceBuffer::create(std::max<size_t>(workspace_size(a, plan.value()), 16));
   if (!ws.is_ok()) return ws.status();
 
-  Timer t;
-  KVQ_RETURN_IF_ERROR(t.init());
-  Graph gr;
-  KVQ_RETURN_IF_ERROR(capture(t, gr, [&](cudaStream_t s) { return run(a, plan.value(), ws.value().get(), s); }));
-  auto stats = time_graph(t, gr, o.timing, &flush);
+  auto stats = time_work(o.timing, &flush, [&](cudaStream_t s) { return run(a, plan.value(), ws.value().get(), s); });
   if (!stats.is_ok()) return stats.status();
   row.us_median = stats->median, row.us_min = stats->min, row.us_max = stats->max, row.us_replays = stats->us_each;
 
@@ -599,6 +601,8 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   row.kv_bytes = bytes;
   row.tb_per_s = bytes / (row.us_median * 1e-6) / 1e12;
   if (o.timeline) {
+    Timer t;
+    KVQ_RETURN_IF_ERROR(t.init());
     auto tl = decode_timeline(a, plan.value(), ws.value(), flush, o.timing, t, o.timeline_runs);
     if (!tl.is_ok()) return tl.status();
     row.timeline = tl.value();
@@ -704,11 +708,7 @@ Result<std::vector<WriteBenchRow>> bench_write(const WriteBenchOptions& o, const
         a.slot_mapping = dslots.value().as<int32_t>();
         auto ws = DeviceBuffer::create(std::max<size_t>(workspace_size(a), 16));
         if (!ws.is_ok()) return ws.status();
-        Timer t;
-        KVQ_RETURN_IF_ERROR(t.init());
-        Graph graph;
-        KVQ_RETURN_IF_ERROR(capture(t, graph, [&](cudaStream_t s) { return run(a, ws.value().get(), s); }));
-        auto st = time_graph(t, graph, o.timing, &flush.value());
+        auto st = time_work(o.timing, &flush.value(), [&](cudaStream_t s) { return run(a, ws.value().get(), s); });
         if (!st.is_ok()) return st.status();
         WriteBenchRow r;
         r.input = in, r.format = f, r.granularity = gr, r.num_tokens = n, r.num_kv_heads = h, r.head_dim = d;

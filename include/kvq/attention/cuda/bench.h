@@ -44,6 +44,12 @@ struct BenchTiming {
   int iters = 50;         // timed graph replays (>= 30)
   bool cold_l2 = true;
   L2Flush flush = L2Flush::kRead;
+  // false: each timed replay is a graph of the case alone, launched after the flush between the events. true:
+  // the flush, the events and the case in one graph, the case starting as the node after the flush, as a kernel
+  // of an engine's captured decode step does. Ceilings, same-bytes reads and cases alike. On H100 and H200 the
+  // two differ by 0-1.3 us per case, so the graph launch is not what a replay holds outside the CTAs
+  // (docs/GPU_NOTES.md §27).
+  bool in_graph = false;
 };
 
 struct CopyBandwidth {
@@ -150,14 +156,15 @@ struct WriteBenchRow {
 };
 
 // Device-to-device copy of `bytes` (default 1 GiB), median of `iters`.
-Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int iters = 20);
+// in_graph: BenchTiming::in_graph.
+Result<CopyBandwidth> measure_copy_bandwidth(size_t bytes = size_t{1} << 30, int iters = 20, bool in_graph = false);
 // Read-only streaming of `bytes` (default 1 GiB): 16-byte loads reduced to one word per thread, the
 // best of a few loads-in-flight variants, median of `iters`. Decode only reads, so this is its ceiling.
-Result<CopyBandwidth> measure_read_bandwidth(size_t bytes = size_t{1} << 30, int iters = 20);
+Result<CopyBandwidth> measure_read_bandwidth(size_t bytes = size_t{1} << 30, int iters = 20, bool in_graph = false);
 // Read-only gather of `chunk_bytes` (1, 2 or 4 KB) chunks, shuffled or in order: the ceiling of a
 // paged cache whose contiguous runs are page-head tiles of that size (docs/GPU_NOTES.md §9).
 Result<CopyBandwidth> measure_gather_bandwidth(int chunk_bytes, bool shuffled, size_t bytes = size_t{1} << 30,
-                                               int iters = 20);
+                                               int iters = 20, bool in_graph = false);
 
 Result<std::vector<DecodeBenchRow>> bench_decode(const DecodeBenchOptions& opts, const CopyBandwidth& copy,
                                                  const CopyBandwidth& read);
