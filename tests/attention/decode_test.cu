@@ -390,10 +390,10 @@ struct SmallDecode {
   size_t n_out = 0;
   DecodeArgs a;
 };
-Status make_small_decode(SmallDecode& x) {
+Status make_small_decode(SmallDecode& x, Format format = Format::kFp8E4m3, int head_dim = 128) {
   AttnCase c;
-  c.format = Format::kFp8E4m3;
-  c.head_dim = 128, c.num_kv_heads = 2, c.group = 4, c.block_size = 16, c.sink = 16;
+  c.format = format;
+  c.head_dim = head_dim, c.num_kv_heads = 2, c.group = 4, c.block_size = 16, c.sink = 16;
   c.lens = {900, 40};
   c.seed = 99;
   auto built = build_synthetic_cache(c.cache_options());
@@ -482,16 +482,24 @@ TEST(CudaDecodeApi, RunIsGraphCapturable) {
 
 // DecodePlan::cta_timeline (kvq bench decode --timeline) only observes: every CTA of the decode kernel
 // writes its row (start <= end in the global timer, its SM, its SM clock over the CTA), and the output is
-// the same bits as without it.
-TEST(CudaDecodeApi, TimelineRecordsEveryCtaAndChangesNothing) {
+// the same bits as without it -- although the timeline runs its own kernel instances (the product's have
+// no marks), for each kernel family: the self-fed and the producer-fed ring, packed heads, the register kernel.
+struct TimelineCase {
+  Format format;
+  int head_dim;
+  kc::RingFeed feed;
+};
+class CudaDecodeTimeline : public ::testing::TestWithParam<TimelineCase> {};
+TEST_P(CudaDecodeTimeline, RecordsEveryCtaAndChangesNothing) {
   std::string why;
   if (!have_gpu(&why)) GTEST_SKIP() << why;
   SmallDecode x;
-  ASSERT_OK(make_small_decode(x));
+  ASSERT_OK(make_small_decode(x, GetParam().format, GetParam().head_dim));
   const CudaDeviceInfo dev = cuda_device_info().value();
   for (int splits : {1, 5}) {
     kc::DecodeOptions o;
     o.force_splits = splits;
+    o.ring_feed = GetParam().feed;
     auto plan = kc::plan(x.a, dev, o);
     ASSERT_TRUE(plan.is_ok());
     auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(x.a, plan.value()), 16));
@@ -537,6 +545,14 @@ TEST(CudaDecodeApi, TimelineRecordsEveryCtaAndChangesNothing) {
     EXPECT_GT(with_work, 0);
   }
 }
+INSTANTIATE_TEST_SUITE_P(Kernels, CudaDecodeTimeline,
+                         ::testing::Values(TimelineCase{Format::kFp8E4m3, 128, kc::RingFeed::kAuto},
+                                           TimelineCase{Format::kInt4, 64, kc::RingFeed::kProducer},
+                                           TimelineCase{Format::kInt8, 128, kc::RingFeed::kSelf},
+                                           TimelineCase{Format::kBf16, 256, kc::RingFeed::kAuto}),
+                         [](const auto& info) {
+                           return std::string(format_name(info.param.format)) + "_D" + std::to_string(info.param.head_dim);
+                         });
 
 }  // namespace
 }  // namespace kvq::attention

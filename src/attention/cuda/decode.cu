@@ -20,7 +20,10 @@ ScaleMode scale_mode(const cache::CacheGeometry& g) {
 }
 
 // ring_16bit: 16-bit caches through the bulk-copy kernel where it has an instance (DecodePlan::ring_16bit).
-detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g, bool ring_16bit = true) {
+// timeline: the instances that write DecodePlan::cta_timeline; the same plan fits both (same launch bounds,
+// ring and threads).
+detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g, bool ring_16bit = true, bool timeline = false) {
+  if (timeline) return detail::decode_kernel_timeline(g.format, g.head_dim, scale_mode(g), ring_16bit);
   switch (g.format) {
     case Format::kBf16:
     case Format::kFp16: return detail::decode_kernel_16bit(g.format, g.head_dim, ring_16bit);
@@ -33,6 +36,19 @@ detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g, bool ring_16bit
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Raises a kernel's dynamic shared-memory limit to at least `bytes` (never lowers it: other plans share the
+// instance).
+Status allow_dynamic_smem(void (*fn)(detail::DecodeParams), int bytes) {
+  cudaFuncAttributes fa{};
+  if (cudaFuncGetAttributes(&fa, fn) != cudaSuccess) {
+    cudaGetLastError();
+    return internal_error("cuda decode: cannot read the kernel's shared-memory size");
+  }
+  if (fa.maxDynamicSharedSizeBytes >= bytes) return Status::ok();
+  return detail::cuda_status(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                             "cuda decode: reserving the timeline kernel's ring");
+}
 
 int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
@@ -281,7 +297,8 @@ size_t workspace_size(const DecodeArgs& a, const DecodePlan& p) {
 Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream stream) {
   KVQ_RETURN_IF_ERROR(can_implement(a));
   if (a.tables.num_seqs == 0) return Status::ok();
-  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit);
+  const bool timeline = p.cta_timeline != nullptr;
+  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit, timeline);
   if (a.tables.num_seqs != p.num_seqs || a.num_q_heads != p.num_q_heads || a.tables.max_blocks > p.max_blocks ||
       a.tables.max_sink_blocks > p.max_sink_blocks || p.num_splits < 1 ||
       (p.producer_warp && !kern.bulk) || p.threads != kern.threads(p.producer_warp) ||
@@ -319,7 +336,9 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   }
   const dim3 grid(p.num_splits, g.num_kv_heads * p.head_groups, a.tables.num_seqs);
   if (grid.y > 65535) return unsupported("cuda decode: too many kv heads x head groups for one launch");
-  kern.kernel(p.producer_warp, p.packed_heads)<<<grid, p.threads, p.smem_bytes, stream>>>(k);
+  void (*const fn)(detail::DecodeParams) = kern.kernel(p.producer_warp, p.packed_heads);
+  if (timeline && kern.bulk) KVQ_RETURN_IF_ERROR(allow_dynamic_smem(fn, p.smem_bytes));  // plan() reserved the product's
+  fn<<<grid, p.threads, p.smem_bytes, stream>>>(k);
   KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;

@@ -378,10 +378,11 @@ __device__ __forceinline__ void request_main_unit(const DecodeParams& p, const R
 // DecodePlan::cta_timeline: when warp 0's first ring item (in stage `bar`, phase 0) has arrived; `items`: the
 // warp's items (none: no wait). Waiting on a completed phase again returns at once, so the consumer's own
 // wait that follows is unchanged.
+template <bool kTL>
 __device__ __forceinline__ void mark_first_item(const DecodeParams& p, int items, uint32_t bar, unsigned long long& t) {
-  if (p.timeline == nullptr || threadIdx.x >= 32 || items <= 0) return;
+  if (!kTL || p.timeline == nullptr || threadIdx.x >= 32 || items <= 0) return;
   mbar_wait(bar, 0);
-  mark_timeline(p, t);
+  mark_timeline<kTL>(p, t);
 }
 
 // ---- Feed::kSelf ----------------------------------------------------------------------------------
@@ -406,7 +407,7 @@ __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAd
 
 // sa / qf_sink: the sink's arguments and query fragments (sink items only); t_sink_done: the timeline's
 // mark after them.
-template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack, int W>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack, bool kTL, int W>
 __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, const SinkItems<W>& sk, const PartArgs& sa, const uint4* qf_sink,
                                  uint32_t full, int* page_ids, uint8_t* ring, int warp, int lane, State<D>& st,
@@ -419,7 +420,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
   // stepped, never divided (a division by the run-time S sat on the path from page to page).
   int s = warp;
   uint32_t phase = 0;
-  mark_first_item(p, sk.count + wu.count, full + 8 * s, t_item0);
+  mark_first_item<kTL>(p, sk.count + wu.count, full + 8 * s, t_item0);
   if (sk.count > 0) {
     const SmemLane ln16 = smem_lane<Format::kBf16, D, ScaleDtype::kFp32, true>(kTileTokens, lane);
     const int ids0 = wu.window(warp, 0, lane);  // the units this phase requests are the first R < per
@@ -439,7 +440,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
       if (s >= S) s -= S, phase ^= 1u;
     }
   }
-  mark_timeline(p, t_sink_done);
+  mark_timeline<kTL>(p, t_sink_done);
   if constexpr (kPack) pack_state(st, lane);
   const SmemLane ln = smem_lane<F, D, SD, PT>(p.block_size, lane);
   // Table entries of the refills k + R, a window at a time and one window ahead: a table load on the
@@ -507,7 +508,7 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr&
   }
 }
 
-template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack, int W>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack, bool kTL, int W>
 __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, uint32_t full, uint32_t empty, const int* page_ids,
                                  const uint8_t* ring, int warp, int lane, State<D>& st, const SinkItems<W>& sk,
@@ -516,7 +517,7 @@ __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const 
   const int S = p.ring_stages, n_units = split_units(w, ra);
   int s = warp;
   uint32_t phase = 0;
-  mark_first_item(p, sk.n + n_units > warp ? 1 : 0, full + 8 * s, t_item0);
+  mark_first_item<kTL>(p, sk.n + n_units > warp ? 1 : 0, full + 8 * s, t_item0);
   // The warp's items are i = warp + W j: sink tiles while i < sk.n, then unit i - sk.n.
   if (sk.count > 0) {
     const SmemLane ln16 = smem_lane<Format::kBf16, D, ScaleDtype::kFp32, true>(kTileTokens, lane);
@@ -528,7 +529,7 @@ __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const 
       if (s >= S) s -= S, phase ^= 1u;
     }
   }
-  mark_timeline(p, t_sink_done);
+  mark_timeline<kTL>(p, t_sink_done);
   if constexpr (kPack) pack_state(st, lane);
   const SmemLane ln = smem_lane<F, D, SD, PT>(p.block_size, lane);
   for (int u = warp + W * sk.count - sk.n; u < n_units; u += W) {
@@ -545,7 +546,8 @@ __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const 
 
 // kPack: at most 4 query heads per CTA, tiles scored in pairs (compute_tiles); the sink is attended in
 // the unpacked layout first and the state converted (pack_state).
-template <Format F, int D, ScaleMode SM, int kMinCtas, Feed FD, bool kPack = false>
+// kTL: the timeline instance (record_timeline).
+template <Format F, int D, ScaleMode SM, int kMinCtas, Feed FD, bool kPack, bool kTL>
 __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, D)>(), kMinCtas)
     decode_bulk_kernel(const DecodeParams p) {
   constexpr int W = decode_warps(Path<F>::kBits, D);
@@ -558,7 +560,7 @@ __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, 
   // Shared-window addresses of the barriers and the ring, converted once (the page loop passes them on).
   const uint32_t full_s = smem_u32(full), empty_s = smem_u32(empty), ring_s = smem_u32(ring);
 
-  start_timeline(p, sm);
+  start_timeline<kTL>(p, sm);
   // The warp index through a shuffle of lane 0's: the compiler then knows it is warp-uniform, and so are
   // the ring stages, barriers and page addresses derived from it, which the bulk copies take in uniform
   // registers: computed there once, not in every lane and moved over per copy (docs/GPU_NOTES.md §19).
@@ -568,7 +570,7 @@ __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, 
   const CtaWork w = cta_work(p, p.block_size / kTileTokens, place);
   if (w.empty()) {
     store_empty(p, w, D);
-    record_timeline(p, sm.t_start, 0, 0, 0, nullptr);
+    record_timeline<kTL>(p, sm.t_start, 0, 0, 0, nullptr);
     return;
   }
   if (threadIdx.x == 0) {
@@ -579,7 +581,7 @@ __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, 
     mbar_init_fence();
   }
   __syncthreads();
-  mark_timeline(p, sm.marks.t_work);
+  mark_timeline<kTL>(p, sm.marks.t_work);
   const bool producer = FD == Feed::kProducer && warp == W;
   const RingAddr ra = ring_addr<F, D, SM>(p, w.kv_head);
   // The ring fills (its first items: the sink's tiles, then pages) while the query, loaded at the start, is
@@ -589,10 +591,10 @@ __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, 
   if (sink_ring) sk = sink_items<W>(p, w, warp, lane, FD == Feed::kSelf);
   if constexpr (FD == Feed::kSelf) {
     prime_ring<F, D, SM, W>(p, w, ra, sk, full_s, page_ids, ring_s, warp, lane);
-    mark_timeline(p, sm.marks.t_primed);
+    mark_timeline<kTL>(p, sm.marks.t_primed);
   }
   const float unscale = prepare_query<F, D>(p, w, sm, ql);
-  mark_timeline(p, sm.marks.t_query);
+  mark_timeline<kTL>(p, sm.marks.t_query);
   State<D> st;
   init_state(st);
   if (producer) {
@@ -616,10 +618,10 @@ __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, 
       constexpr ScaleDtype SD = decltype(sd)::value;
       constexpr bool PT = decltype(pt)::value;
       if constexpr (FD == Feed::kSelf) {
-        consume_self_fed<F, D, SM, SD, PT, kPack, W>(p, w, ra, a, sm.qf[0], sk, sa, sm.qf[1], full_s, page_ids, ring, warp,
+        consume_self_fed<F, D, SM, SD, PT, kPack, kTL, W>(p, w, ra, a, sm.qf[0], sk, sa, sm.qf[1], full_s, page_ids, ring, warp,
                                                   lane, st, sm.t_pages0, sm.marks.t_item0);
       } else {
-        consume_produced<F, D, SM, SD, PT, kPack, W>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st,
+        consume_produced<F, D, SM, SD, PT, kPack, kTL, W>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st,
                                                   sk, sa, sm.qf[1], sm.t_pages0, sm.marks.t_item0);
       }
     };
@@ -636,11 +638,11 @@ __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, 
     } else {
       consume(Fp32{}, Runs{});
     }
-    mark_timeline(p, sm.t_pages1);
+    mark_timeline<kTL>(p, sm.t_pages1);
   }
   pdl_launch_dependents();
-  merge_and_store<D, W, kPack>(p, w, sm, st, warp, lane);
-  record_timeline(p, sm.t_start, w.main_pages, sm.t_pages0, sm.t_pages1, &sm.marks);
+  merge_and_store<D, W, kPack, kTL>(p, w, sm, st, warp, lane);
+  record_timeline<kTL>(p, sm.t_start, w.main_pages, sm.t_pages0, sm.t_pages1, &sm.marks);
 }
 
 }  // namespace kvq::attention::cuda::detail

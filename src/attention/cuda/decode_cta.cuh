@@ -34,9 +34,9 @@ struct DecodeSmem {
   DecodeSmemMarks marks;
 };
 // DecodePlan::cta_timeline: the CTA's start and, zeroed, the marks that a kernel may leave unset.
-template <int D, int W>
+template <bool kTL, int D, int W>
 __device__ __forceinline__ void start_timeline(const DecodeParams& p, DecodeSmem<D, W>& sm) {
-  if (p.timeline == nullptr || threadIdx.x != 0) return;
+  if (!kTL || p.timeline == nullptr || threadIdx.x != 0) return;
   sm.t_start = global_ns();
   sm.t_pages0 = sm.t_pages1 = 0;
   sm.marks = DecodeSmemMarks{};
@@ -230,7 +230,7 @@ __device__ __forceinline__ PartArgs main_args(const DecodeParams& p, const CtaWo
 
 // Merges the W attending warps' softmax states through shared memory and stores the CTA's rows.
 // Warps >= W (the bulk kernel's producer) only take part in the barriers.
-template <int D, int W, bool kPack = false>
+template <int D, int W, bool kPack, bool kTL>
 __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeSmem<D, W>& sm, State<D>& st, int warp,
                                 int lane) {
   constexpr float kNegInf = -__builtin_huge_valf();
@@ -246,7 +246,7 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
       for (int i = 0; i < 4; ++i) st.o[jj][i] += __shfl_xor_sync(0xffffffffu, st.o[jj][i], 2);
   }
   __syncthreads();  // everyone is done with the query fragments (union with o)
-  mark_timeline(p, sm.marks.t_warps);
+  mark_timeline<kTL>(p, sm.marks.t_warps);
   if (warp < W) {
     const int g = lane >> 2, t = lane & 3;
     if (t == 0) {

@@ -36,45 +36,46 @@ using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 // Packed-head instances (compute_tiles' kPack: two tiles per set of softmax instructions when a CTA
 // has at most 4 query heads) for the 8- and 4-bit formats at head_dim 64 and 128, whose softmax step
 // has an even number of tiles; 16-bit caches and head_dim 256 keep one instance per feed.
-template <Format F, int D, ScaleMode SM>
+// kTL: the instances that write DecodePlan::cta_timeline (decode_kernel_timeline), apart from the product's.
+template <Format F, int D, ScaleMode SM, bool kTL = false>
 DecodeKernelFn bulk_instance() {
   constexpr int W = decode_warps(Path<F>::kBits, D);
   constexpr int kSelfCtas = D == 256 ? 8 / W : 4, kProducerCtas = D == 64 ? 4 : D == 128 ? 3 : 8 / W;
   DecodeKernelFn k;
   k.warps = W;
-  k.fn = decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf>;
-  k.fn_producer = decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer>;
+  k.fn = decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf, false, kTL>;
+  k.fn_producer = decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer, false, kTL>;
   if constexpr (Path<F>::kBits <= 8 && D <= 128 && TileShape<F, D>::kRingStepTiles % 2 == 0) {
-    k.fn_packed = decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf, true>;
-    k.fn_producer_packed = decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer, true>;
+    k.fn_packed = decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf, true, kTL>;
+    k.fn_producer_packed = decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer, true, kTL>;
   }
   k.bulk = true;
   return k;
 }
-template <Format F, int D, ScaleMode SM>
+template <Format F, int D, ScaleMode SM, bool kTL = false>
 DecodeKernelFn register_instance() {
   DecodeKernelFn k;
-  k.fn = decode_kernel<F, D, SM, 1>;
+  k.fn = decode_kernel<F, D, SM, 1, kTL>;
   k.warps = decode_warps(Path<F>::kBits, D);
   return k;
 }
-template <Format F, int D, ScaleMode SM>
+template <Format F, int D, ScaleMode SM, bool kTL = false>
 DecodeKernelFn decode_instance() {
   if constexpr (Path<F>::kBits <= 8) {
-    return bulk_instance<F, D, SM>();
+    return bulk_instance<F, D, SM, kTL>();
   } else {
-    return register_instance<F, D, SM>();
+    return register_instance<F, D, SM, kTL>();
   }
 }
 
 // The instances of a scaled format (per-tensor scale, or per-token / per-block scales); one
 // translation unit per format instantiates them.
-template <Format F>
+template <Format F, bool kTL = false>
 DecodeKernelFn scaled_instances(int head_dim, ScaleMode sm) {
   auto pick = [sm](auto d) -> DecodeKernelFn {
     constexpr int D = decltype(d)::value;
-    if (sm == ScaleMode::kTensor) return decode_instance<F, D, ScaleMode::kTensor>();
-    if (sm == ScaleMode::kToken) return decode_instance<F, D, ScaleMode::kToken>();
+    if (sm == ScaleMode::kTensor) return decode_instance<F, D, ScaleMode::kTensor, kTL>();
+    if (sm == ScaleMode::kToken) return decode_instance<F, D, ScaleMode::kToken, kTL>();
     return {};
   };
   switch (head_dim) {
@@ -85,12 +86,25 @@ DecodeKernelFn scaled_instances(int head_dim, ScaleMode sm) {
   }
 }
 
+// 16-bit caches: the bulk-copy ring at head_dim 64 and 128 when `ring`, else the register kernel.
+template <Format F, bool kTL = false>
+DecodeKernelFn instances_16bit(int head_dim, bool ring) {
+  switch (head_dim) {
+    case 64: return ring ? bulk_instance<F, 64, ScaleMode::kNone, kTL>() : register_instance<F, 64, ScaleMode::kNone, kTL>();
+    case 128: return ring ? bulk_instance<F, 128, ScaleMode::kNone, kTL>() : register_instance<F, 128, ScaleMode::kNone, kTL>();
+    case 256: return register_instance<F, 256, ScaleMode::kNone, kTL>();
+    default: return {};
+  }
+}
+
 // An empty DecodeKernelFn for a head_dim without an instance.
 DecodeKernelFn decode_kernel_fp8(int head_dim, ScaleMode sm);
 DecodeKernelFn decode_kernel_int8(int head_dim, ScaleMode sm);
 DecodeKernelFn decode_kernel_int4(int head_dim, ScaleMode sm);
 // ring: the bulk-copy kernel where a 16-bit instance exists (head_dim 64, 128), else the register kernel.
 DecodeKernelFn decode_kernel_16bit(Format f, int head_dim, bool ring);
+// The instances that write DecodePlan::cta_timeline (kvq bench decode --timeline), for any of the formats above.
+DecodeKernelFn decode_kernel_timeline(Format f, int head_dim, ScaleMode sm, bool ring);
 MergeKernelFn decode_merge_kernel_for(int head_dim);
 
 }  // namespace kvq::attention::cuda::detail

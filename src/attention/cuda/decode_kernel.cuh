@@ -9,30 +9,30 @@ namespace kvq::attention::cuda::detail {
 // The register kernel (bf16/fp16 caches): every warp loads its own tiles with 16-byte loads and
 // keeps the next bundle in registers. 16-bit tiles carry 8 tokens in twice the bytes of an 8-bit
 // tile, so this path already streams near the bandwidth ceiling (docs/GPU_NOTES.md §4).
-template <Format F, int D, ScaleMode SM, int kMinCtas>
+template <Format F, int D, ScaleMode SM, int kMinCtas, bool kTL>
 __global__ void __launch_bounds__(decode_warps(Path<F>::kBits, D) * 32, kMinCtas) decode_kernel(const DecodeParams p) {
   constexpr int W = decode_warps(Path<F>::kBits, D);
   __shared__ DecodeSmem<D, W> sm;
-  start_timeline(p, sm);
+  start_timeline<kTL>(p, sm);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const CtaWork place = cta_place(p);
   const QueryLoad<D, W> ql = load_query<D, W>(p, place);
   const CtaWork w = cta_work(p, 1, place);
   if (w.empty()) {
     store_empty(p, w, D);
-    record_timeline(p, sm.t_start, 0, 0, 0, nullptr);
+    record_timeline<kTL>(p, sm.t_start, 0, 0, 0, nullptr);
     return;
   }
   const float unscale = prepare_query<F, D>(p, w, sm, ql);
   State<D> st;
   init_state(st);
   run_sink<D, W>(p, w, sm.qf[1], unscale, warp, lane, st);
-  mark_timeline(p, sm.t_pages0);
+  mark_timeline<kTL>(p, sm.t_pages0);
   if (w.main_t0 < w.main_t1) run_part<F, D, SM, W>(p, main_args<SM>(p, w, unscale), w.kv_head, sm.qf[0], warp, lane, st);
-  mark_timeline(p, sm.t_pages1);
+  mark_timeline<kTL>(p, sm.t_pages1);
   pdl_launch_dependents();
-  merge_and_store<D, W>(p, w, sm, st, warp, lane);
-  record_timeline(p, sm.t_start, (w.main_t1 - w.main_t0) * kTileTokens / p.block_size, sm.t_pages0, sm.t_pages1,
+  merge_and_store<D, W, false, kTL>(p, w, sm, st, warp, lane);
+  record_timeline<kTL>(p, sm.t_start, (w.main_t1 - w.main_t0) * kTileTokens / p.block_size, sm.t_pages0, sm.t_pages1,
                   &sm.marks);
 }
 

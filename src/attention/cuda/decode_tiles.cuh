@@ -81,10 +81,14 @@ __device__ __forceinline__ unsigned long long global_ns() {
 struct DecodeSmemMarks {
   unsigned long long t_work, t_primed, t_query, t_item0, t_warps, c_start;
 };
+// kTL: the kernel instance that writes the timeline (DecodeKernelFn: instances apart from the product's,
+// whose marks, though guarded by a run-time test, cost int4 at D64 up to 8% and spilled registers:
+// docs/GPU_NOTES.md §28); every timeline function is empty without it.
+template <bool kTL>
 __device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned long long t0, int pages,
                                                 unsigned long long t_pages0, unsigned long long t_pages1,
                                                 const DecodeSmemMarks* marks) {
-  if (p.timeline == nullptr || threadIdx.x != 0) return;  // t0: thread 0's start time (DecodeSmem::t_start)
+  if (!kTL || p.timeline == nullptr || threadIdx.x != 0) return;  // t0: thread 0's start time (DecodeSmem::t_start)
   unsigned smid;
   asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
   const size_t cta = blockIdx.x + static_cast<size_t>(gridDim.x) * (blockIdx.y + static_cast<size_t>(gridDim.y) * blockIdx.z);
@@ -97,8 +101,9 @@ __device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned 
   row[6] = mk.t_work, row[7] = mk.t_primed, row[8] = mk.t_query, row[9] = mk.t_item0, row[10] = mk.t_warps;
   row[11] = mk.c_start, row[12] = mk.c_start != 0 ? static_cast<unsigned long long>(clock64()) : 0ull;
 }
+template <bool kTL>
 __device__ __forceinline__ void mark_timeline(const DecodeParams& p, unsigned long long& t) {
-  if (p.timeline != nullptr && threadIdx.x == 0) t = global_ns();
+  if (kTL && p.timeline != nullptr && threadIdx.x == 0) t = global_ns();
 }
 
 // ---- per-format fragment builders ------------------------------------------------------------------

@@ -70,7 +70,9 @@ struct DecodePlan {
   // known, warp 0's prime issued, query prepared, warp 0's first ring item arrived, every warp past its
   // pages} (0 where a kernel does not mark them), then the SM clock (clock64) at the CTA's start and end
   // (0 for a CTA without work), at index split + splits x (y + gridDim.y x seq); kTimelineWords words per
-  // CTA, cta_timeline_entries(plan) entries. Null in normal use.
+  // CTA, cta_timeline_entries(plan) entries. Null in normal use. When set, run() launches separate instances
+  // of the kernels with these marks compiled in (the product's have none: a run-time test of this pointer
+  // alone cost int4 up to 8% at head dim 64, docs/GPU_NOTES.md §28), so a timed run is a few percent off.
   unsigned long long* cta_timeline = nullptr;
 };
 constexpr int kTimelineWords = 13;
