@@ -147,9 +147,12 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     // fp8 / int8 / int4 0.979 / 0.991 / 0.968 of the time on B8 Hkv8 L8192, 0.975 / 0.979 / 0.962 on B8 Hkv16
     // L16384; on B1 L32768 (8 CTAs per split) forced producers measured 0.98-1.01, so it keeps the self-fed ring;
     // where a wave of them holds one split (B32 L4096, B16 L32768: 256 of 396 slots) or less than the batch (B64
-    // L8192) the producer lost up to 34%.
+    // L8192) the producer lost up to 34%. Not int4 since its kernels lost the timeline's marks (§28): its self-fed
+    // CTAs, whose page loop lost a tenth of its instructions, now beat the producer's (H200, block 16: B8 Hkv16
+    // L16384 89.9 vs 95.5 us, B8 Hkv8 L8192 34.7 vs 35.4; on an H100, whose slower memory leaves int4 less bound
+    // by its instructions, they lose 0.5% and 1.9%), while fp8 and int8 still gain 0-2% with it.
     bool producer_fills = false;
-    if (self_pages && a.geom.head_dim == 128 && base >= sms / 8) {
+    if (self_pages && a.geom.head_dim == 128 && base >= sms / 8 && a.geom.format != Format::kInt4) {
       void (*const fp)(detail::DecodeParams) = kern.kernel(true, p.packed_heads);
       auto max_dyn = reserve_ring_smem(fp, dev);
       if (!max_dyn.is_ok()) return max_dyn.status();
