@@ -82,7 +82,7 @@ struct DecodeSmemMarks {
   unsigned long long t_work, t_primed, t_query, t_item0, t_warps, c_start;
 };
 // kTL: the kernel instance that writes the timeline (DecodeKernelFn: instances apart from the product's,
-// whose marks, though guarded by a run-time test, cost int4 at D64 up to 8% and spilled registers:
+// whose marks, though guarded by a run-time test, cost int4 up to 12% (H200) and spilled registers:
 // docs/GPU_NOTES.md §28); every timeline function is empty without it.
 template <bool kTL>
 __device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned long long t0, int pages,

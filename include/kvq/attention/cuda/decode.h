@@ -72,7 +72,7 @@ struct DecodePlan {
   // (0 for a CTA without work), at index split + splits x (y + gridDim.y x seq); kTimelineWords words per
   // CTA, cta_timeline_entries(plan) entries. Null in normal use. When set, run() launches separate instances
   // of the kernels with these marks compiled in (the product's have none: a run-time test of this pointer
-  // alone cost int4 up to 8% at head dim 64, docs/GPU_NOTES.md §28), so a timed run is a few percent off.
+  // alone cost int4 up to 12% on an H200, docs/GPU_NOTES.md §28), so a timed run is a few percent off.
   unsigned long long* cta_timeline = nullptr;
 };
 constexpr int kTimelineWords = 13;
