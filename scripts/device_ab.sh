@@ -4,7 +4,7 @@
 # round per binary (time new/base, new's fraction of the read stream).
 #
 #   here:  scripts/device_engine.sh pack BUILD_DIR      (.device/: the new kvq and test binaries)
-#          mkdir -p .devbase && cp OLD/.device/bin/kvq.gz .devbase/kvq_base.gz   (the base kvq, packed the same way)
+#          mkdir -p .devbase && cp OLD/.device/bin/kvq.xz .devbase/kvq_base.xz   (the base kvq, packed the same way)
 #   there: scripts/device_ab.sh                          (carry .device and .devbase)
 #
 # Environment: OUT (results), AB_TESTS (1: run test_attention_cuda and test_backend first), AB_FORMATS
@@ -15,7 +15,9 @@ OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 source scripts/device_unpack.sh
 kvq_unpack_device || { echo "no .device/ carried (scripts/device_engine.sh pack BUILD_DIR)" >&2; exit 2; }
-gunzip -c .devbase/kvq_base.gz >/tmp/kvq-bin/bin/kvq_base && chmod +x /tmp/kvq-bin/bin/kvq_base
+base=$(ls .devbase/kvq_base.xz .devbase/kvq_base.gz 2>/dev/null | head -1)
+[[ -n $base ]] || { echo "no .devbase/kvq_base.xz (or .gz) carried" >&2; exit 2; }
+kvq_unpack_file "$base" /tmp/kvq-bin/bin/kvq_base && chmod +x /tmp/kvq-bin/bin/kvq_base
 B=/tmp/kvq-bin/bin
 if [[ ${AB_TESTS:-1} == 1 ]]; then
   for t in test_attention_cuda test_backend; do

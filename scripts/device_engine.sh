@@ -3,7 +3,7 @@
 # engine test, CUDA-vs-CPU evals (stories260K, SmolLM2) and the batched engine decode benchmark.
 # Logs and JSON go to $OUT; a short table is printed last.
 #
-#   scripts/device_engine.sh pack BUILD_DIR   (build machine) stripped, zstd-compressed binaries and
+#   scripts/device_engine.sh pack BUILD_DIR   (build machine) stripped, xz-compressed binaries and
 #                                             the non-CUDA shared libraries they need -> .device/
 #                                             (the GPU image brings its own CUDA runtime and cuBLAS)
 #   scripts/device_engine.sh run              (GPU machine) unpack .device/, run KVQ_STEPS
@@ -26,7 +26,7 @@ if [[ $mode == pack ]]; then
   ldd .device/bin/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
     grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so|libcu' |
     while read -r lib; do cp -L "$lib" .device/lib/; done
-  gzip -9 .device/bin/* .device/lib/*  # the GPU image has no zstd
+  xz -T0 -6 .device/bin/* .device/lib/*  # unpacked there by scripts/device_unpack.sh (python lzma)
   du -sh .device
   exit 0
 fi
@@ -52,9 +52,9 @@ B=/tmp/kvq-bin/bin
 note "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null); cuBLAS from $cudalib"
 ldd $B/kvq | grep -E 'not found|cublas|cudart' | tee -a "$OUT/env.txt"
 
-# stories260K where the binaries look for it (KVQ_SOURCE_DIR/../shared/models, baked at build time).
-src_dir="${KVQ_BUILT_SOURCE_DIR:-/work/wt-cuda}"  # KVQ_SOURCE_DIR of the build
-mkdir -p "$src_dir" "$(dirname "$src_dir")/shared/models" && cp -r "$MODELS_DIR/stories260K" "$(dirname "$src_dir")/shared/models/"
+# stories260K where the binaries look for it: $KVQ_SHARED_DIR/models/stories260K.
+mkdir -p /tmp/kvq-shared/models && ln -sfn "$(realpath "$MODELS_DIR/stories260K")" /tmp/kvq-shared/models/stories260K
+export KVQ_SHARED_DIR=/tmp/kvq-shared
 # SmolLM2 from its pieces (PIECES_DIRS: folders that hold SmolLM2.part*, possibly left by an earlier call).
 export KVQ_CACHE_DIR=/tmp/kvq-cache
 mkdir -p $KVQ_CACHE_DIR

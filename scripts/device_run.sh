@@ -4,7 +4,7 @@
 #
 #   scripts/device_run.sh                  configure + build in build-device/, then run everything
 #   scripts/device_run.sh pack BUILD_DIR   (on the build machine) collect kvq, the CUDA test binaries
-#                                          and the shared libraries they need into .device/ (gzipped),
+#                                          and the shared libraries they need into .device/ (xz),
 #                                          for a GPU machine that lacks the build dependencies
 #   scripts/device_run.sh run              (on the GPU machine) use .device/ if present, else build
 #
@@ -25,7 +25,7 @@ if [[ $mode == pack ]]; then
   ldd .device/bin/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
     grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*|libcublas(Lt)?)\.so' |
     while read -r lib; do cp -L "$lib" .device/lib/; done
-  gzip -9 .device/bin/* .device/lib/*
+  xz -T0 -6 .device/bin/* .device/lib/*  # unpacked there by scripts/device_unpack.sh (python lzma)
   du -sh .device
   exit 0
 fi

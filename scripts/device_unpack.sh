@@ -1,13 +1,28 @@
 # Sourced by the device scripts (device_run.sh, device_engine.sh, device_ab.sh): unpacks the carried
-# .device/ (gzipped binaries and the shared libraries they need, made by `device_*.sh pack`) into
-# /tmp/kvq-bin and puts its lib/ on LD_LIBRARY_PATH. Returns 1 when no .device/ was carried (the
-# caller decides whether an earlier call's /tmp/kvq-bin will do).
+# .device/ (xz- or gzip-compressed binaries and the shared libraries they need, made by `device_*.sh
+# pack`) into /tmp/kvq-bin and puts its lib/ on LD_LIBRARY_PATH. Returns 1 when no .device/ was carried
+# (the caller decides whether an earlier call's /tmp/kvq-bin will do).
+
+# kvq_unpack_file SRC DEST: SRC ends in .xz or .gz. xz goes through Python's lzma because the GPU image
+# has python3 but no xz; xz is what keeps two binaries and their libraries inside the 64 MiB carry.
+kvq_unpack_file() {
+  case "$1" in
+    *.xz) python3 -c "import lzma,shutil,sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2" ;;
+    *.gz) gunzip -c "$1" >"$2" ;;
+    *) echo "kvq_unpack_file: $1 is neither .xz nor .gz" >&2; return 1 ;;
+  esac
+}
+
 kvq_unpack_device() {
   [[ -d .device/bin ]] || return 1
   rm -rf /tmp/kvq-bin && mkdir -p /tmp/kvq-bin/bin /tmp/kvq-bin/lib
-  local f
-  for f in .device/bin/*.gz; do gunzip -c "$f" >"/tmp/kvq-bin/bin/$(basename "$f" .gz)"; done
-  for f in .device/lib/*.gz; do [[ -e $f ]] && gunzip -c "$f" >"/tmp/kvq-bin/lib/$(basename "$f" .gz)"; done
-  chmod +x /tmp/kvq-bin/bin/*
+  local f d
+  for d in bin lib; do
+    for f in .device/$d/*.xz .device/$d/*.gz; do
+      [[ -e $f ]] || continue
+      local name; name=$(basename "$f"); kvq_unpack_file "$f" "/tmp/kvq-bin/$d/${name%.*}" || return 1
+    done
+  done
+  chmod +x /tmp/kvq-bin/bin/* 2>/dev/null
   export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}"
 }

@@ -113,6 +113,13 @@ std::string cache_dir() {
   return ".kvq-cache";
 }
 
+std::string shared_dir() {
+  if (const char* d = std::getenv("KVQ_SHARED_DIR"); d != nullptr && *d != '\0') return d;
+  return std::string(KVQ_SOURCE_DIR) + "/../shared";
+}
+
+std::string stories260k_dir() { return shared_dir() + "/models/stories260K"; }
+
 Result<std::string> resolve_model_path(const std::string& name) {
   if (name == "smollm2") {
     std::string p = cache_dir() + "/" + kSmolLM2File;
@@ -125,8 +132,10 @@ Result<std::string> resolve_model_path(const std::string& name) {
     return p;
   }
   if (name == "stories260K") {
-    std::string p = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/stories260K.bin";
-    if (!exists(p)) return Status(StatusCode::kNotFound, "stories260K not found at " + p + " (the project's shared data)");
+    std::string p = stories260k_dir() + "/stories260K.bin";
+    if (!exists(p))
+      return Status(StatusCode::kNotFound, "stories260K not found at " + p +
+                                               " (the project's shared data; set KVQ_SHARED_DIR to the folder that holds models/)");
     return p;
   }
   if (!exists(name)) {

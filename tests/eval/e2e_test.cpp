@@ -20,7 +20,7 @@
 namespace kvq::eval {
 namespace {
 
-const std::string kDir = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/";
+const std::string kDir = kvq::model::stories260k_dir() + "/";
 
 class StoriesEval : public ::testing::Test {
  protected:

@@ -10,6 +10,7 @@
 
 #include "kvq/eval/search.h"
 #include "kvq/quant/layer_config.h"
+#include "kvq/model/model.h"
 
 namespace kvq::eval {
 namespace {
@@ -63,7 +64,7 @@ TEST(ChooseMix, MatchesBruteForceOnRandomInstances) {
 }
 
 TEST(Search, Stories260KMeetsItsBudgetOnVerification) {
-  const std::string dir = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/";
+  const std::string dir = kvq::model::stories260k_dir() + "/";
   auto m = model::Model::load(dir + "stories260K.bin");
   if (!m.is_ok()) GTEST_SKIP() << "stories260K not found in " << dir;
   std::ifstream f(dir + "tinystories_valid_head.txt", std::ios::binary);

@@ -15,13 +15,14 @@
 #include "kvq/format/bf16.h"
 #include "kvq/model/gguf.h"
 #include "kvq/model/model.h"
+#include "model/stories_data.h"
 
 namespace kvq::model {
 namespace {
 
 using testing::GgufWriter;
 
-const std::string kStories = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/stories260K.bin";
+const std::string kStories = kvq::model::stories260k_dir() + "/stories260K.bin";
 
 struct RawStories {
   std::vector<float> emb, rms_att, wq, wk, wv, wo, rms_ffn, w1, w2, w3, rms_final;
@@ -191,12 +192,16 @@ std::vector<float> logits_of(const Model& m, const std::vector<int32_t>& ids) {
 
 class GgufModel : public ::testing::Test {
  protected:
+  // Skipping in SetUpTestSuite only leaves raw_ and ref_ null (this GoogleTest still runs the bodies);
+  // SetUp's skip is what stops each test.
   static void SetUpTestSuite() {
+    KVQ_REQUIRE_STORIES260K();
     raw_ = new RawStories(read_raw());
     auto ref = Model::load(kStories);
     ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
     ref_ = std::move(ref).value().release();
   }
+  void SetUp() override { KVQ_REQUIRE_STORIES260K(); }
   static void TearDownTestSuite() {
     delete raw_;
     delete ref_;
@@ -279,6 +284,7 @@ TEST_F(GgufModel, BrokenFilesGiveErrors) {
 }
 
 TEST(Llama2cLoader, RejectsBrokenCheckpoints) {
+  KVQ_REQUIRE_STORIES260K();
   std::ifstream f(kStories, std::ios::binary);
   std::vector<uint8_t> b((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   ASSERT_EQ(b.size(), 1056540u);

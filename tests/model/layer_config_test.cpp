@@ -14,7 +14,7 @@
 namespace kvq::model {
 namespace {
 
-const std::string kDir = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/";
+const std::string kDir = kvq::model::stories260k_dir() + "/";
 
 std::vector<float> logits_of(const Model& m, const QuantSpec& spec, const std::vector<int32_t>& ids) {
   auto runner = Runner::create(m, spec, static_cast<int>(ids.size()));

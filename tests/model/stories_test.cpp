@@ -11,11 +11,12 @@
 #include <memory>
 
 #include "kvq/model/model.h"
+#include "model/stories_data.h"
 
 namespace kvq::model {
 namespace {
 
-std::string stories_dir() { return std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K"; }
+using testing::stories_dir;
 
 std::string read_text(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -192,6 +193,7 @@ TEST_F(Stories, RunnerRejectsBadInput) {
 }
 
 TEST(ModelPaths, AliasesResolveOrExplain) {
+  KVQ_REQUIRE_STORIES260K();
   auto s = resolve_model_path("stories260K");
   ASSERT_TRUE(s.is_ok()) << s.status().to_string();
   EXPECT_NE(s.value().find("stories260K.bin"), std::string::npos);
@@ -204,6 +206,26 @@ TEST(ModelPaths, AliasesResolveOrExplain) {
   EXPECT_NE(m.status().message().find("kvq pull smollm2"), std::string::npos) << m.status().to_string();
   if (old) setenv("KVQ_CACHE_DIR", saved.c_str(), 1); else unsetenv("KVQ_CACHE_DIR");
   EXPECT_EQ(resolve_model_path("/nonexistent/x.gguf").status().code(), StatusCode::kNotFound);
+}
+
+// The shared data is found at run time: $KVQ_SHARED_DIR first, else ../shared beside the source tree;
+// a missing checkpoint is kNotFound with the variable named, so a user knows what to set.
+TEST(ModelPaths, SharedDataFollowsKvqSharedDir) {
+  const char* old = std::getenv("KVQ_SHARED_DIR");
+  const std::string saved = old ? old : "";
+  unsetenv("KVQ_SHARED_DIR");
+  EXPECT_EQ(shared_dir(), std::string(KVQ_SOURCE_DIR) + "/../shared");
+  setenv("KVQ_SHARED_DIR", "/nonexistent/kvq-shared", 1);
+  EXPECT_EQ(shared_dir(), "/nonexistent/kvq-shared");
+  EXPECT_EQ(stories260k_dir(), "/nonexistent/kvq-shared/models/stories260K");
+  auto s = resolve_model_path("stories260K");
+  EXPECT_EQ(s.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(s.status().message().find("/nonexistent/kvq-shared/models/stories260K/stories260K.bin"), std::string::npos)
+      << s.status().to_string();
+  EXPECT_NE(s.status().message().find("KVQ_SHARED_DIR"), std::string::npos) << s.status().to_string();
+  setenv("KVQ_SHARED_DIR", "", 1);  // empty counts as unset
+  EXPECT_EQ(shared_dir(), std::string(KVQ_SOURCE_DIR) + "/../shared");
+  if (old) setenv("KVQ_SHARED_DIR", saved.c_str(), 1); else unsetenv("KVQ_SHARED_DIR");
 }
 
 }  // namespace

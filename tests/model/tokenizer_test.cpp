@@ -8,13 +8,15 @@
 #include "gguf_writer.h"
 #include "kvq/model/gguf.h"
 #include "kvq/model/tokenizer.h"
+#include "kvq/model/model.h"
+#include "model/stories_data.h"
 
 namespace kvq::model {
 namespace {
 
 using testing::GgufWriter;
 
-const std::string kTok512 = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/tok512.bin";
+const std::string kTok512 = kvq::model::stories260k_dir() + "/tok512.bin";
 
 std::vector<uint8_t> read_bytes(const std::string& p) {
   std::ifstream f(p, std::ios::binary);
@@ -33,6 +35,7 @@ const std::vector<std::string> kUnicodeTexts = {
 };
 
 TEST(Llama2cTokenizer, ByteFallbackAndDummyPrefix) {
+  KVQ_REQUIRE_STORIES260K();
   auto t = load_llama2c_tokenizer(kTok512, 512);
   ASSERT_TRUE(t.is_ok()) << t.status().to_string();
   const Tokenizer& tok = *t.value();
@@ -57,6 +60,7 @@ TEST(Llama2cTokenizer, ByteFallbackAndDummyPrefix) {
 }
 
 TEST(Llama2cTokenizer, RoundTripsUnicode) {
+  KVQ_REQUIRE_STORIES260K();
   auto t = load_llama2c_tokenizer(kTok512, 512);
   ASSERT_TRUE(t.is_ok());
   for (const auto& s : kUnicodeTexts) {
@@ -67,6 +71,7 @@ TEST(Llama2cTokenizer, RoundTripsUnicode) {
 }
 
 TEST(Llama2cTokenizer, RejectsMalformedFiles) {
+  KVQ_REQUIRE_STORIES260K();
   auto good = read_bytes(kTok512);
   ASSERT_EQ(good.size(), 6227u);
   auto code = [](const std::vector<uint8_t>& b, int vocab) {

@@ -7,6 +7,7 @@
 #include "kvq/serve/loadgen.h"
 #include "kvq/serve/server.h"
 #include "serve/serve_test_util.h"
+#include "model/stories_data.h"
 
 namespace kvq::serve {
 namespace {
@@ -53,11 +54,13 @@ TEST(OpenAi, ParsesCompletionAndChatRequests) {
 }
 
 TEST(OpenAi, ChatPromptWithoutMarkersJoinsContents) {
+  KVQ_REQUIRE_STORIES260K();
   const std::vector<ChatMessage> m = {{"system", "A"}, {"user", "B"}};
   EXPECT_EQ(chat_prompt_text(stories().tokenizer(), m), "A\nB");
 }
 
 TEST(OpenAi, TextStreamHoldsBackStopPrefixesAndCutsAtStop) {
+  KVQ_REQUIRE_STORIES260K();
   const model::Tokenizer& tok = stories().tokenizer();
   const std::vector<int32_t> ids = tok.encode("Once upon a time there was a cat. The cat was big.", false);
   const std::string full = tok.decode(ids);
@@ -84,6 +87,7 @@ TEST(OpenAi, TextStreamHoldsBackStopPrefixesAndCutsAtStop) {
 // of generated text that are not UTF-8 reach the client as U+FFFD; json::dump() would throw on
 // them, and the server answered such a completion with a 500.
 TEST(OpenAi, PromptIdsAndBodiesWithInvalidUtf8) {
+  KVQ_REQUIRE_STORIES260K();
   const model::Tokenizer& tok = stories().tokenizer();
   CompletionRequest r;
   ApiError e;
@@ -141,6 +145,7 @@ TEST(OpenAi, PercentilesAndSlaVerdict) {
 }
 
 TEST(OpenAi, LoadGeneratorAgainstTheServer) {
+  KVQ_REQUIRE_STORIES260K();
   auto be = std::move(backend::create_backend(backend::BackendKind::kCpu).value());
   model::EngineOptions eo;
   eo.max_seqs = 8;

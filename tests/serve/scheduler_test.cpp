@@ -7,6 +7,7 @@
 #include <map>
 
 #include "serve/serve_test_util.h"
+#include "model/stories_data.h"
 
 namespace kvq::serve {
 namespace {
@@ -66,6 +67,7 @@ struct Harness {
 };
 
 TEST(Scheduler, GreedyBatchedEqualsAlone) {
+  KVQ_REQUIRE_STORIES260K();
   const QuantSpec s = spec(Format::kInt8, 32);
   Harness h(s, 8, 0);
   std::vector<std::vector<int32_t>> prompts;
@@ -90,6 +92,7 @@ TEST(Scheduler, GreedyBatchedEqualsAlone) {
 }
 
 TEST(Scheduler, SeededSamplingEqualsAlone) {
+  KVQ_REQUIRE_STORIES260K();
   const QuantSpec s = spec(Format::kFp8E4m3, 16);
   Harness h(s, 4, 0);
   std::vector<RequestId> ids;
@@ -107,6 +110,7 @@ TEST(Scheduler, SeededSamplingEqualsAlone) {
 }
 
 TEST(Scheduler, PreemptsUnderATinyPoolAndStillMatches) {
+  KVQ_REQUIRE_STORIES260K();
   // 16 sink tokens (1 sink page) and 24 main pages of 16 tokens: two long requests fit, not eight.
   const QuantSpec s = spec(Format::kInt8, 16);
   for (bool exact : {true, false}) {
@@ -141,6 +145,7 @@ TEST(Scheduler, PreemptsUnderATinyPoolAndStillMatches) {
 // they wait for them to be computed, compute only their own tails, give exactly what each gives run
 // alone, and the pool holds the prefix once. Also under a pool small enough to preempt.
 TEST(Scheduler, SharedPrefixIsComputedOnceAndChangesNothing) {
+  KVQ_REQUIRE_STORIES260K();
   const QuantSpec s = spec(Format::kFp8E4m3, 32);
   const std::vector<int32_t> system = prompt_ids(3, 255);  // BOS + 255 tokens
   std::vector<std::vector<int32_t>> prompts;
@@ -192,6 +197,7 @@ TEST(Scheduler, SharedPrefixIsComputedOnceAndChangesNothing) {
 // Finished prompts held for sharing (prefix_cache_seqs): a later request with the same system prompt
 // shares the held pages; held prompts give way when a request needs their pages, without preemption.
 TEST(Scheduler, HeldPromptsAreSharedLaterAndGiveWay) {
+  KVQ_REQUIRE_STORIES260K();
   const QuantSpec s = spec(Format::kInt8, 16);
   const std::vector<int32_t> system = prompt_ids(5, 255);
   auto with_tail = [&](int i, int n) {
@@ -233,6 +239,7 @@ TEST(Scheduler, HeldPromptsAreSharedLaterAndGiveWay) {
 // cannot carry: sharing and held prompts are off, and every request still gets the tokens it
 // gets alone (the window's semantics do not depend on the batch).
 TEST(Scheduler, RecentWindowTurnsPrefixSharingOff) {
+  KVQ_REQUIRE_STORIES260K();
   QuantSpec s = spec(Format::kFp8E4m3, 32);
   s.recent_tokens = 48;
   const std::vector<int32_t> system = prompt_ids(7, 255);
@@ -261,6 +268,7 @@ TEST(Scheduler, RecentWindowTurnsPrefixSharingOff) {
 }
 
 TEST(Scheduler, AdmitsOnlyWhatThePagesHold) {
+  KVQ_REQUIRE_STORIES260K();
   // Each request needs ceil((1 + 100 + 1 - 16) / 16) = 6 main pages to be admitted; 13 pages hold 2.
   const QuantSpec s = spec(Format::kInt8, 16);
   Harness h(s, 8, 13);
@@ -281,6 +289,7 @@ TEST(Scheduler, AdmitsOnlyWhatThePagesHold) {
 }
 
 TEST(Scheduler, SinkPoolLimitsAdmission) {
+  KVQ_REQUIRE_STORIES260K();
   // Sinks of 32 tokens (2 pages); a sink pool of 4 pages serves two sequences at a time.
   const QuantSpec s = spec(Format::kInt8, 32);
   Harness h(s, 8, 0, 4);
@@ -296,6 +305,7 @@ TEST(Scheduler, SinkPoolLimitsAdmission) {
 }
 
 TEST(Scheduler, CancelsQueuedAndRunningRequests) {
+  KVQ_REQUIRE_STORIES260K();
   const QuantSpec s = spec(Format::kBf16, 0);
   Harness h(s, 2, 0);
   std::vector<RequestId> ids;
@@ -321,6 +331,7 @@ TEST(Scheduler, CancelsQueuedAndRunningRequests) {
 }
 
 TEST(Scheduler, RejectsBadRequests) {
+  KVQ_REQUIRE_STORIES260K();
   const QuantSpec s = spec(Format::kInt8, 16);
   Harness h(s, 2, 20);
   SamplingParams p;

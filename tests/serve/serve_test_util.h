@@ -14,7 +14,7 @@
 
 namespace kvq::serve::testing {
 
-inline std::string stories_dir() { return std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K"; }
+inline std::string stories_dir() { return kvq::model::stories260k_dir(); }
 
 inline const model::Model& stories() {
   static std::unique_ptr<model::Model> m = [] {

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "serve/serve_test_util.h"
+#include "model/stories_data.h"
 
 namespace kvq::serve {
 namespace {
@@ -124,6 +125,7 @@ double metric(const std::string& text, const std::string& name) {
 }
 
 TEST(Server, ConcurrentStreamingClientsUnderPreemptionMatchAlone) {
+  KVQ_REQUIRE_STORIES260K();
   const QuantSpec s = spec(Format::kInt8, 16);
   // 16 sequences may run, but 40 pages of 16 tokens hold only about 4 of these requests at once.
   Stack st(s, 16, 40);
@@ -187,6 +189,7 @@ TEST(Server, ConcurrentStreamingClientsUnderPreemptionMatchAlone) {
 }
 
 TEST(Server, MalformedRequestsGet4xxWithJsonErrors) {
+  KVQ_REQUIRE_STORIES260K();
   Stack st(spec(Format::kInt8, 16), 4, 0);
   httplib::Client c = st.client();
   std::string long_text;
@@ -234,6 +237,7 @@ TEST(Server, MalformedRequestsGet4xxWithJsonErrors) {
 }
 
 TEST(Server, ModelsHealthChatAndStopStrings) {
+  KVQ_REQUIRE_STORIES260K();
   Stack st(spec(Format::kBf16, 0), 4, 0);
   httplib::Client c = st.client();
   auto models = c.Get("/v1/models");
@@ -270,6 +274,7 @@ TEST(Server, ModelsHealthChatAndStopStrings) {
 }
 
 TEST(Server, DisconnectCancelsAndStopDrains) {
+  KVQ_REQUIRE_STORIES260K();
   Stack st(spec(Format::kInt8, 16), 4, 0);
   {
     // A client that hangs up after its first chunk.

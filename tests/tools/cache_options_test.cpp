@@ -13,6 +13,8 @@
 #include "kvq/cache_options.h"
 #include "kvq/cli_support.h"
 #include "kvq/common/file_io.h"
+#include "kvq/model/model.h"
+#include "model/stories_data.h"
 
 namespace kvq::tools {
 namespace {
@@ -518,16 +520,16 @@ TEST(CacheOptions, NumericsIsValidatedAndReachesTheBackend) {
   }
   for (CacheCommand cmd : {CacheCommand::kEval, CacheCommand::kGenerate, CacheCommand::kServe})
     EXPECT_TRUE(cache_flag_set(cmd).numerics) << name_of(cmd);
+  KVQ_REQUIRE_STORIES260K();  // open_model_run looks the model up before it reads --numerics
   ModelRunFlags f;
   f.backend = "cpu";
   f.numerics = "exact";
-  f.model = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/stories260K.bin";
+  f.model = kvq::model::stories260k_dir() + "/stories260K.bin";
   auto bad = open_model_run(f, nullptr);
   ASSERT_FALSE(bad.is_ok());
   EXPECT_EQ(bad.status().message().rfind("--numerics: ", 0), 0u) << bad.status().to_string();
   f.numerics = "reproducible";
   auto ok = open_model_run(f, nullptr);
-  if (!ok.is_ok() && ok.status().code() == StatusCode::kNotFound) GTEST_SKIP() << "stories260K not found beside the repo";
   ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
   EXPECT_EQ(ok.value().backend->numerics(), backend::Numerics::kReproducible);
 }
@@ -564,7 +566,7 @@ TEST(CacheOptions, OpenModelRunChecksFlagsBeforeLoading) {
   EXPECT_NE(bad_backend.status().message().find("tpu"), std::string::npos) << bad_backend.status().to_string();
 
   f.backend = "cpu";
-  f.model = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/stories260K.bin";
+  f.model = kvq::model::stories260k_dir() + "/stories260K.bin";
   auto ok = open_model_run(f, [](BackendKind) { return Status::ok(); });
   if (!ok.is_ok() && ok.status().code() == StatusCode::kNotFound) GTEST_SKIP() << "stories260K not found beside the repo";
   ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();

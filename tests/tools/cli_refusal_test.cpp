@@ -16,10 +16,11 @@
 #include <regex>
 #include <string>
 #include <vector>
+#include "kvq/model/model.h"
 
 namespace {
 
-const std::string kShared = std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/";
+const std::string kShared = kvq::model::stories260k_dir() + "/";
 
 std::string tmp_path(const std::string& name) {
   return std::string(KVQ_TEST_BINARY_DIR) + "/cli_" + std::to_string(::getpid()) + "_" + name;

@@ -84,7 +84,7 @@ int run_bench_serve(BenchServeCli o) {
   }
   serve::PromptSource src;
   if (o.texts.empty()) {
-    auto stories = eval::read_text_file(std::string(KVQ_SOURCE_DIR) + "/../shared/models/stories260K/tinystories_valid_head.txt");
+    auto stories = eval::read_text_file(model::stories260k_dir() + "/tinystories_valid_head.txt");
     if (stories.is_ok()) src.texts.push_back(stories.value().text);
     auto pydoc = eval::pydoc_topics_text();
     if (pydoc.is_ok()) src.texts.push_back(pydoc.value().text);

@@ -109,6 +109,12 @@ struct SamplingOptions {
 
 // Model files: `${KVQ_CACHE_DIR:-$HOME/.cache/kvq}` holds downloaded models (`kvq pull`).
 std::string cache_dir();
+// The project's read-only shared data (stories260K and its text): `$KVQ_SHARED_DIR` when set, else the
+// `shared/` folder beside the source tree kvq was built from. Looked up at run time, so a moved or
+// relocated clone points the tools and the tests at it without a rebuild.
+std::string shared_dir();
+// `shared_dir()/models/stories260K` (the checkpoint, its tokenizers and TinyStories text).
+std::string stories260k_dir();
 inline constexpr const char* kSmolLM2File = "SmolLM2-135M-Instruct.Q4_1.gguf";
 // Resolves a --model argument: "smollm2" -> the cache folder's GGUF (kNotFound with a hint to run
 // `kvq pull smollm2` when absent), "stories260K" -> the checkpoint in the project's shared data,
