@@ -16,6 +16,7 @@
 #include "kvq/eval/metrics.h"
 #include "kvq/eval/report.h"
 #include "kvq/model/model.h"
+#include "model/stories_data.h"
 
 namespace kvq::eval {
 namespace {
@@ -41,7 +42,8 @@ class StoriesEval : public ::testing::Test {
     ids_ = nullptr;
   }
   void SetUp() override {
-    if (!model_) GTEST_SKIP() << "stories260K not found in " << kDir;
+    KVQ_REQUIRE_STORIES260K();
+    ASSERT_NE(model_, nullptr) << "stories260K is in " << kDir << " but did not load";
   }
   static EvalOptions ref_options() {
     EvalOptions o;

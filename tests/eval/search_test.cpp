@@ -11,6 +11,7 @@
 #include "kvq/eval/search.h"
 #include "kvq/quant/layer_config.h"
 #include "kvq/model/model.h"
+#include "model/stories_data.h"
 
 namespace kvq::eval {
 namespace {
@@ -64,9 +65,10 @@ TEST(ChooseMix, MatchesBruteForceOnRandomInstances) {
 }
 
 TEST(Search, Stories260KMeetsItsBudgetOnVerification) {
+  KVQ_REQUIRE_STORIES260K();
   const std::string dir = kvq::model::stories260k_dir() + "/";
   auto m = model::Model::load(dir + "stories260K.bin");
-  if (!m.is_ok()) GTEST_SKIP() << "stories260K not found in " << dir;
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
   std::ifstream f(dir + "tinystories_valid_head.txt", std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   const std::vector<int32_t> ids = m.value()->tokenizer().encode(text.substr(0, 20000), false);

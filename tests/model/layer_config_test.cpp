@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvq/model/model.h"
+#include "model/stories_data.h"
 
 namespace kvq::model {
 namespace {
@@ -30,8 +31,9 @@ std::vector<float> logits_of(const Model& m, const QuantSpec& spec, const std::v
 }
 
 TEST(EngineLayerConfig, UniformConfigIsThePlainSpecAndAMixIsItsOwn) {
+  KVQ_REQUIRE_STORIES260K();
   auto m = Model::load(kDir + "stories260K.bin");
-  if (!m.is_ok()) GTEST_SKIP() << "stories260K not found in " << kDir;
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
   std::ifstream f(kDir + "tinystories_valid_head.txt", std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
   std::vector<int32_t> ids = m.value()->tokenizer().encode(text.substr(0, 4000), false);

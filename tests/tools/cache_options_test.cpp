@@ -565,10 +565,10 @@ TEST(CacheOptions, OpenModelRunChecksFlagsBeforeLoading) {
   EXPECT_EQ(calls, 0);
   EXPECT_NE(bad_backend.status().message().find("tpu"), std::string::npos) << bad_backend.status().to_string();
 
+  KVQ_REQUIRE_STORIES260K();
   f.backend = "cpu";
   f.model = kvq::model::stories260k_dir() + "/stories260K.bin";
   auto ok = open_model_run(f, [](BackendKind) { return Status::ok(); });
-  if (!ok.is_ok() && ok.status().code() == StatusCode::kNotFound) GTEST_SKIP() << "stories260K not found beside the repo";
   ASSERT_TRUE(ok.is_ok()) << ok.status().to_string();
   EXPECT_EQ(ok.value().kind, BackendKind::kCpu);
   ASSERT_TRUE(ok.value().backend && ok.value().model);

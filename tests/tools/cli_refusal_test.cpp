@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 #include "kvq/model/model.h"
+#include "model/stories_data.h"
 
 namespace {
 
@@ -71,10 +72,7 @@ void expect_refusal(const CliRun& r, const std::vector<std::string>& needles) {
 
 class CliRefusal : public ::testing::Test {
  protected:
-  void SetUp() override {
-    struct stat st {};
-    if (::stat((kShared + "stories260K.bin").c_str(), &st) != 0) GTEST_SKIP() << "stories260K not found in " << kShared;
-  }
+  void SetUp() override { KVQ_REQUIRE_STORIES260K(); }
 };
 
 TEST_F(CliRefusal, MalformedModelFiles) {

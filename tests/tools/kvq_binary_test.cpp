@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 #include "kvq/model/model.h"
+#include "model/stories_data.h"
 
 namespace {
 
@@ -171,8 +172,8 @@ TEST(KvqBinary, OldBenchSpellingsStillWorkWithANotice) {
 // --max-windows N evaluates N windows even where N windows exceed the default token budget (4096);
 // an explicit --max-tokens still caps them. stories260K at ctx 512: 10 windows = 5120 tokens.
 TEST(KvqBinary, EvalMaxWindowsIsNotCutByTheDefaultBudget) {
+  KVQ_REQUIRE_STORIES260K();
   const std::string text = kvq::model::stories260k_dir() + "/tinystories_valid_head.txt";
-  if (!std::ifstream(text).good()) GTEST_SKIP() << "needs ../shared/models/stories260K";
   const std::string json = std::string(KVQ_TEST_BINARY_DIR) + "/eval_windows_" + std::to_string(getpid()) + ".json";
   auto windows = [&](const std::vector<std::string>& extra) {
     std::vector<std::string> args = {"eval", "--model", "stories260K", "--text", text, "--ctx", "512",
