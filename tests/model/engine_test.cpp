@@ -109,6 +109,7 @@ int32_t argmax(const float* x, int n) {
 class EngineTest : public ::testing::TestWithParam<BackendKind> {
  protected:
   static void SetUpTestSuite() {
+    KVQ_REQUIRE_STORIES260K();  // else the suite's setup fails the binary (SetUp skips each test)
     auto m = Model::load(stories_dir() + "/stories260K.bin");
     ASSERT_TRUE(m.is_ok()) << m.status().to_string();
     model_ = std::move(m).value().release();
@@ -119,6 +120,7 @@ class EngineTest : public ::testing::TestWithParam<BackendKind> {
     delete ids_;
   }
   void SetUp() override {
+    KVQ_REQUIRE_STORIES260K();
     ASSERT_NE(model_, nullptr) << "stories260K did not load";
     be_ = backend::testing::shared_backend(GetParam());
     ASSERT_NE(be_, nullptr);
