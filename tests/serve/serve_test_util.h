@@ -11,10 +11,11 @@
 
 #include "kvq/backend/backend.h"
 #include "kvq/model/model.h"
+#include "model/stories_data.h"
 
 namespace kvq::serve::testing {
 
-inline std::string stories_dir() { return kvq::model::stories260k_dir(); }
+using model::testing::stories_dir;
 
 inline const model::Model& stories() {
   static std::unique_ptr<model::Model> m = [] {
