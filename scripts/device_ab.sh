@@ -5,7 +5,8 @@
 #
 #   here:  scripts/device_engine.sh pack BUILD_DIR      (.device/: the new kvq and test binaries)
 #          mkdir -p .devbase && cp OLD/.device/bin/kvq.xz .devbase/kvq_base.xz   (the base kvq, packed the same way)
-#   there: scripts/device_ab.sh                          (carry .device and .devbase)
+#          or, smaller: PACK_BUNDLE=1 PACK_BASE=kvq_relinked_with_the_old_object scripts/device_engine.sh pack BUILD_DIR
+#   there: scripts/device_ab.sh                          (carry .device, and .devbase when used)
 #
 # Environment: OUT (results), AB_TESTS (1: run test_attention_cuda and test_backend first), AB_FORMATS
 # (bf16,fp8,int8,int4), AB_BS (16), AB_ARGS (more `kvq bench decode` arguments, e.g. --shapes).
@@ -15,9 +16,11 @@ OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 source scripts/device_unpack.sh
 kvq_unpack_device || { echo "no .device/ carried (scripts/device_engine.sh pack BUILD_DIR)" >&2; exit 2; }
-base=$(ls .devbase/kvq_base.xz .devbase/kvq_base.gz 2>/dev/null | head -1)
-[[ -n $base ]] || { echo "no .devbase/kvq_base.xz (or .gz) carried" >&2; exit 2; }
-kvq_unpack_file "$base" /tmp/kvq-bin/bin/kvq_base && chmod +x /tmp/kvq-bin/bin/kvq_base
+if [[ ! -x /tmp/kvq-bin/bin/kvq_base ]]; then  # not in a PACK_BASE bundle: carried in .devbase/
+  base=$(ls .devbase/kvq_base.xz .devbase/kvq_base.gz 2>/dev/null | head -1)
+  [[ -n $base ]] || { echo "no kvq_base in .device/ and no .devbase/kvq_base.xz (or .gz) carried" >&2; exit 2; }
+  kvq_unpack_file "$base" /tmp/kvq-bin/bin/kvq_base && chmod +x /tmp/kvq-bin/bin/kvq_base
+fi
 B=/tmp/kvq-bin/bin
 if [[ ${AB_TESTS:-1} == 1 ]]; then
   for t in test_attention_cuda test_backend; do

@@ -5,7 +5,8 @@
 #
 #   scripts/device_engine.sh pack BUILD_DIR   (build machine) stripped, xz-compressed binaries and
 #                                             the non-CUDA shared libraries they need -> .device/
-#                                             (the GPU image brings its own CUDA runtime and cuBLAS)
+#                                             (the GPU image brings its own CUDA runtime and cuBLAS;
+#                                             PACK_ONLY, PACK_BASE, PACK_BUNDLE: see the pack step)
 #   scripts/device_engine.sh run              (GPU machine) unpack .device/, run KVQ_STEPS
 #
 # Inputs on the GPU machine (carried): MODELS_DIR (default ../.gpu-model) with stories260K/, the eval
@@ -26,7 +27,18 @@ if [[ $mode == pack ]]; then
   ldd .device/bin/* 2>/dev/null | awk '/=> \//{print $3}' | sort -u |
     grep -vE '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|libdl|librt|ld-linux[^/]*)\.so|libcu' |
     while read -r lib; do cp -L "$lib" .device/lib/; done
-  xz -T0 -6 .device/bin/* .device/lib/*  # unpacked there by scripts/device_unpack.sh (python lzma)
+  # PACK_BASE=FILE adds a base kvq (as kvq_base) for scripts/device_ab.sh. PACK_BUNDLE=1 puts the binaries in
+  # one tar.xz with a 256 MiB dictionary: kvq and the test binaries link the same kernel objects, and a base
+  # relinked from the same build with one object swapped differs from kvq by that object only, so xz stores
+  # the shared bytes once (3 binaries: 27 MB instead of 74 MB of separate .xz; the carry limit is 64 MiB).
+  [[ -n ${PACK_BASE:-} ]] && cp "$PACK_BASE" .device/bin/kvq_base && strip -s .device/bin/kvq_base
+  if [[ ${PACK_BUNDLE:-0} == 1 ]]; then
+    (cd .device/bin && tar cf - ./* | xz -T1 -9e --lzma2=preset=9e,dict=256MiB >../bundle.tar.xz && rm -f ./*)
+    mv .device/bundle.tar.xz .device/bin/
+    xz -T0 -6 .device/lib/*
+  else
+    xz -T0 -6 .device/bin/* .device/lib/*  # unpacked there by scripts/device_unpack.sh (python lzma)
+  fi
   du -sh .device
   exit 0
 fi
