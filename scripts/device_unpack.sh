@@ -21,7 +21,7 @@ kvq_unpack_device() {
     for f in .device/$d/*.xz .device/$d/*.gz; do
       [[ -e $f ]] || continue
       if [[ $f == *.tar.xz ]]; then  # a PACK_BUNDLE=1 bundle of several binaries
-        python3 -c "import tarfile,sys; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$f" "/tmp/kvq-bin/$d" || return 1
+        python3 -c "import tarfile,sys; kw={'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}; tarfile.open(sys.argv[1]).extractall(sys.argv[2], **kw)" "$f" "/tmp/kvq-bin/$d" || return 1
         continue
       fi
       local name; name=$(basename "$f"); kvq_unpack_file "$f" "/tmp/kvq-bin/$d/${name%.*}" || return 1
