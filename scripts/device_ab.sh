@@ -5,7 +5,8 @@
 #
 #   here:  scripts/device_engine.sh pack BUILD_DIR      (.device/: the new kvq and test binaries)
 #          mkdir -p .devbase && cp OLD/.device/bin/kvq.xz .devbase/kvq_base.xz   (the base kvq, packed the same way)
-#          or, smaller: PACK_BUNDLE=1 PACK_BASE=kvq_relinked_with_the_old_object scripts/device_engine.sh pack BUILD_DIR
+#          or, smaller and exact: scripts/device_base.sh BUILD_DIR BASE_REV CHANGED.cu...   (BUILD_DIR/kvq_base)
+#                                 PACK_BUNDLE=1 PACK_BASE=BUILD_DIR/kvq_base scripts/device_engine.sh pack BUILD_DIR
 #   there: scripts/device_ab.sh                          (carry .device, and .devbase when used)
 #
 # Environment: OUT (results), AB_TESTS (1: run test_attention_cuda and test_backend first), AB_FORMATS
