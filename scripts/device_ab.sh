@@ -9,20 +9,27 @@
 #                                 PACK_BUNDLE=1 PACK_BASE=BUILD_DIR/kvq_base scripts/device_engine.sh pack BUILD_DIR
 #   there: scripts/device_ab.sh                          (carry .device, and .devbase when used)
 #
+# Or arms of one binary that differ by a measurement knob (no base build): AB_ARMS="off:KVQ_DECODE_L2_HINT=0
+# on:KVQ_DECODE_L2_HINT=1" -- NAME:VAR=VALUE[,VAR=VALUE], the first arm the base; every arm runs kvq.
+#
 # Environment: OUT (results), AB_TESTS (1: run test_attention_cuda and test_backend first), AB_FORMATS
-# (bf16,fp8,int8,int4), AB_BS (16), AB_ARGS (more `kvq bench decode` arguments, e.g. --shapes).
+# (bf16,fp8,int8,int4), AB_BS (16), AB_ARGS (more `kvq bench decode` arguments, e.g. --shapes), AB_ROUNDS (2).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/device-out}"
 mkdir -p "$OUT"
 source scripts/device_unpack.sh
 kvq_unpack_device || { echo "no .device/ carried (scripts/device_engine.sh pack BUILD_DIR)" >&2; exit 2; }
-if [[ ! -x /tmp/kvq-bin/bin/kvq_base ]]; then  # not in a PACK_BASE bundle: carried in .devbase/
-  base=$(ls .devbase/kvq_base.xz .devbase/kvq_base.gz 2>/dev/null | head -1)
-  [[ -n $base ]] || { echo "no kvq_base in .device/ and no .devbase/kvq_base.xz (or .gz) carried" >&2; exit 2; }
-  kvq_unpack_file "$base" /tmp/kvq-bin/bin/kvq_base && chmod +x /tmp/kvq-bin/bin/kvq_base
-fi
 B=/tmp/kvq-bin/bin
+arms="${AB_ARMS:-}"
+if [[ -z $arms ]]; then
+  if [[ ! -x $B/kvq_base ]]; then  # not in a PACK_BASE bundle: carried in .devbase/
+    base=$(ls .devbase/kvq_base.xz .devbase/kvq_base.gz 2>/dev/null | head -1)
+    [[ -n $base ]] || { echo "no kvq_base in .device/ and no .devbase/kvq_base.xz (or .gz) carried" >&2; exit 2; }
+    kvq_unpack_file "$base" $B/kvq_base && chmod +x $B/kvq_base
+  fi
+  arms="kvq_base: kvq:"
+fi
 if [[ ${AB_TESTS:-1} == 1 ]]; then
   for t in test_attention_cuda test_backend; do
     [[ -x $B/$t ]] || continue
@@ -31,28 +38,36 @@ if [[ ${AB_TESTS:-1} == 1 ]]; then
     grep -E '^\[  FAILED  \]' "$OUT/$t.log" | head -5
   done
 fi
-for round in 1 2; do
-  for k in kvq_base kvq; do
-    echo "=== $k round $round" >>"$OUT/ab.log"
+rounds="${AB_ROUNDS:-2}"
+for round in $(seq 1 "$rounds"); do
+  for arm in $arms; do
+    name=${arm%%:*} vars=${arm#*:}
+    bin=$B/kvq
+    [[ -z ${AB_ARMS:-} ]] && bin=$B/$name
+    echo "=== $name ($vars) round $round" >>"$OUT/ab.log"
     # shellcheck disable=SC2086
-    "$B/$k" bench decode --backend cuda --kv-cache-dtype "${AB_FORMATS:-bf16,fp8,int8,int4}" --block-sizes "${AB_BS:-16}" \
-      --iters 30 ${AB_ARGS:-} --json "$OUT/ab_${k}_$round.json" >>"$OUT/ab.log" 2>&1
+    env ${vars//,/ } "$bin" bench decode --backend cuda --kv-cache-dtype "${AB_FORMATS:-bf16,fp8,int8,int4}" \
+      --block-sizes "${AB_BS:-16}" --iters 30 ${AB_ARGS:-} --json "$OUT/ab_${name}_$round.json" >>"$OUT/ab.log" 2>&1
   done
 done
-python3 - "$OUT" <<'PY' | tee -a "$OUT/ab.log"
+python3 - "$OUT" "$rounds" $arms <<'PY' | tee -a "$OUT/ab.log"
 import collections, json, sys
-out = sys.argv[1]
+out, rounds, names = sys.argv[1], int(sys.argv[2]), [a.split(":")[0] for a in sys.argv[3:]]
 res = collections.defaultdict(dict)
-for k in ("kvq_base", "kvq"):
-    for r in (1, 2):
+for k in names:
+    for r in range(1, rounds + 1):
         for row in json.load(open(f"{out}/ab_{k}_{r}.json"))["decode"]:
             key = (f"B{row['batch']} Hq{row['num_q_heads']} Hkv{row['num_kv_heads']} D{row['head_dim']} L{row['seq_len']}",
                    row["format"], row["block_size"])
             res[key].setdefault(k, []).append(row["us_median"])
-            res[key]["read_" + k] = row.get("frac_of_read", 0)
-print(f"{'shape':30s} {'format':9s} bs  base_us(r1,r2)   new_us(r1,r2)   new/base  %read_new")
+            res[key].setdefault("read_" + k, []).append(row.get("frac_of_read", 0))
+base = names[0]
+# Per arm: its best round's time, that over the base arm's best, and its best round's share of the read stream.
+print(f"{'shape':30s} {'format':9s} bs " + " ".join(f"{n + '_us':>9s}" for n in names) + "  " +
+      " ".join(f"{n + '/' + base:>12s}" for n in names[1:]) + "  " + " ".join(f"{'%read_' + n:>10s}" for n in names))
 for key, v in res.items():
-    b, n = min(v["kvq_base"]), min(v["kvq"])
-    print(f"{key[0]:30s} {key[1]:9s} {key[2]:2d} {v['kvq_base'][0]:7.1f} {v['kvq_base'][1]:7.1f}  "
-          f"{v['kvq'][0]:7.1f} {v['kvq'][1]:7.1f}  {n / b:6.3f}  {100 * v['read_kvq']:5.1f}")
+    best = {n: min(v[n]) for n in names}
+    print(f"{key[0]:30s} {key[1]:9s} {key[2]:2d} " + " ".join(f"{best[n]:9.1f}" for n in names) + "  " +
+          " ".join(f"{best[n] / best[base]:12.3f}" for n in names[1:]) + "  " +
+          " ".join(f"{100 * max(v['read_' + n]):10.1f}" for n in names))
 PY
