@@ -4,7 +4,7 @@
 #  1. test_attention_cuda (all; its decode runs include every ring with the policy on, self- and producer-fed);
 #  2. scripts/device_ab.sh with three arms of `kvq bench decode`: off (KVQ_DECODE_L2_HINT=0, main's copies),
 #     ef (1: code and sink tiles evict_first) and ef2 (3: the scale runs too, what wave 24 measured on an H100);
-#     auto (the plan's rule: ef where the batch's pages outgrow L2, else off); bf16 / fp8 / int8 / int4, block 16
+#     auto (the plan's rule: fp8 and int4 ef where the batch's pages outgrow L2, else off); bf16 / fp8 / int8 / int4, block 16
 #     and 32, three rounds alternating;
 #  3. compute-sanitizer memcheck on the decode tests.
 # Carry .device: PACK_ONLY="kvq test_attention_cuda" PACK_BUNDLE=1 scripts/device_engine.sh pack build-cuda.
