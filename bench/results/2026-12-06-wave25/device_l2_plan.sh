@@ -17,11 +17,12 @@ S=$OUT/summary.txt
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt" >> "$S"
 AB_TESTS=1 AB_ROUNDS=2 AB_ARMS="off:KVQ_DECODE_L2_HINT=0 ef:KVQ_DECODE_L2_HINT=1 ef2:KVQ_DECODE_L2_HINT=3 auto:" \
   AB_FORMATS=bf16,fp8,int8,int4 AB_BS=16,32 OUT="$OUT" bash scripts/device_ab.sh >> "$S" 2>&1
+cp "$S" "$FINAL/summary.txt"; tar czf "$FINAL/l2_plan.tgz" -C "$OUT" .  # in case the device time ends in memcheck
 B=/tmp/kvq-bin/bin
 export LD_LIBRARY_PATH=/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [[ -n $CS ]]; then
-  timeout 150 "$CS" --tool memcheck --error-exitcode 9 "$B/test_attention_cuda" --gtest_brief=1 \
+  timeout 120 "$CS" --tool memcheck --error-exitcode 9 "$B/test_attention_cuda" --gtest_brief=1 \
     --gtest_filter='*Decode*' > "$OUT/memcheck_decode.log" 2>&1
   echo "memcheck decode rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED) ' "$OUT/memcheck_decode.log" | tr '\n' ' ')" >> "$S"
 fi
