@@ -5,8 +5,8 @@
 #  2. scripts/device_ab.sh with three arms of `kvq bench decode`: off (KVQ_DECODE_L2_HINT=0, main's copies),
 #     ef (1: code and sink tiles evict_first; 3 would add the scale runs, what wave 24 measured on an H100; left
 #     out for device time),
-#     auto (the plan's rule: fp8 and int4 ef where the batch's pages outgrow L2, else off); bf16 / fp8 / int8 / int4, block 16
-#     and 32, two rounds alternating;
+#     auto (the plan's choice: none as committed, a control arm; with the candidate rule of GPU_NOTES §32 compiled
+#     in, the rule); bf16 / fp8 / int8 / int4, block 16 and 32, two rounds alternating;
 #  3. compute-sanitizer memcheck on the decode tests.
 # L2_FORMATS (default bf16,fp8,int8,int4) and L2_MEMCHECK=0 shorten the call when little device time is left.
 # Carry .device: PACK_ONLY="kvq test_attention_cuda" PACK_BUNDLE=1 scripts/device_engine.sh pack build-cuda.

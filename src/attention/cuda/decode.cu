@@ -252,16 +252,10 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     // The bf16 sink's tiles through the ring, ahead of the pages (docs/GPU_NOTES.md §21): 8- and 4-bit
     // caches where a tile (16 x head_dim bytes of K and of V) fits a stage.
     p.sink_in_ring = format_bits(a.geom.format) <= 8 && 32 * a.geom.head_dim <= stage && opts.sink_in_ring != 0;
-    // fp8 and int4: the code and sink tiles under an L2 evict_first policy where the batch's pages (bounded
-    // by the table widths) outgrow L2. On an H100 it took 1-8% off every such fp8/int4 case of the bench and
-    // cost 3-9% on every one whose pages fit (docs/GPU_NOTES.md §31, §32); int8 and 16-bit caches were not
-    // measured with it.
-    const double kv_bytes = static_cast<double>(std::max(a.tables.num_seqs, 0)) * a.geom.num_kv_heads * p.max_tokens *
-                            a.geom.head_dim * 2 * format_bits(a.geom.format) / 8;
-    const bool hint_format = a.geom.format == Format::kFp8E4m3 || a.geom.format == Format::kFp8E4m3Fnuz || a.geom.format == Format::kInt4;
-    p.l2_evict_first = opts.l2_evict_first >= 0 ? opts.l2_evict_first & (kL2HintPages | kL2HintScales)
-                       : hint_format && kv_bytes > static_cast<double>(dev.l2_bytes) ? kL2HintPages
-                                                                                   : 0;
+    // No L2 policy unless asked for. On one H100 run evict_first took 1-8% off every fp8/int4 case of the bench
+    // whose pages outgrow L2 and cost 3-9% on every one whose pages fit; that rule waits for an H200 A/B
+    // (docs/GPU_NOTES.md §31, §32).
+    p.l2_evict_first = opts.l2_evict_first >= 0 ? opts.l2_evict_first & (kL2HintPages | kL2HintScales) : 0;
   }
   int occ = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.threads, p.smem_bytes) != cudaSuccess ||

@@ -100,7 +100,8 @@ struct DecodeOptions {
                           // group is <= 4
   int overlap_merge = -1;  // 0: launch the split merge as a plain kernel, 1: overlap it (measurements); -1: choose
   int sink_in_ring = -1;   // 0: the sink through the register path (tests, measurements); -1: choose
-  int l2_evict_first = -1;  // ring kernels, >= 0: exactly these kL2Hint* bits (tests, measurements); -1: choose
+  int l2_evict_first = -1;  // ring kernels, >= 0: exactly these kL2Hint* bits (tests, measurements); -1: the plan's
+                            // choice, none until an H200 measures the rule of docs/GPU_NOTES.md §32
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
