@@ -13,7 +13,9 @@
 # on:KVQ_DECODE_L2_HINT=1" -- NAME:VAR=VALUE[,VAR=VALUE], the first arm the base; every arm runs kvq.
 #
 # Environment: OUT (results), AB_TESTS (1: run test_attention_cuda and test_backend first), AB_FORMATS
-# (bf16,fp8,int8,int4), AB_BS (16), AB_ARGS (more `kvq bench decode` arguments, e.g. --shapes), AB_ROUNDS (2).
+# (bf16,fp8,int8,int4), AB_BS (16), AB_ARGS (more `kvq bench decode` arguments, e.g. --shapes), AB_ROUNDS (2),
+# AB_MEMCHECK (a gtest filter: compute-sanitizer memcheck on those test_attention_cuda tests after the A/B, at most
+# AB_MEMCHECK_S seconds, default 120).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/device-out}"
@@ -21,6 +23,7 @@ mkdir -p "$OUT"
 source scripts/device_unpack.sh
 kvq_unpack_device || { echo "no .device/ carried (scripts/device_engine.sh pack BUILD_DIR)" >&2; exit 2; }
 B=/tmp/kvq-bin/bin
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
 arms="${AB_ARMS:-}"
 if [[ -z $arms ]]; then
   if [[ ! -x $B/kvq_base ]]; then  # not in a PACK_BASE bundle: carried in .devbase/
@@ -71,3 +74,13 @@ for key, v in res.items():
           " ".join(f"{best[n] / best[base]:12.3f}" for n in names[1:]) + "  " +
           " ".join(f"{100 * max(v['read_' + n]):10.1f}" for n in names))
 PY
+if [[ -n ${AB_MEMCHECK:-} ]]; then
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [[ -z $CS ]]; then
+    echo "memcheck: no compute-sanitizer on this machine"
+  else
+    timeout "${AB_MEMCHECK_S:-120}" "$CS" --tool memcheck --error-exitcode 9 "$B/test_attention_cuda" --gtest_brief=1 \
+      --gtest_filter="$AB_MEMCHECK" >"$OUT/memcheck.log" 2>&1
+    echo "memcheck ($AB_MEMCHECK) rc=$? $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED) ' "$OUT/memcheck.log" | tr '\n' ' ')"
+  fi
+fi
