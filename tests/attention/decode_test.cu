@@ -107,8 +107,7 @@ void check_case(const AttnCase& c) {
   // caches also on the register kernel (DecodeOptions::ring_16bit = 0), planned and 7 splits; 8- and
   // 4-bit caches with head packing off (the planner packs groups <= 4), planned and 7 splits per feed;
   // 8- and 4-bit caches with the sink on the register path instead of the ring (the planner puts it in
-  // the ring where its tiles fit a stage), planned and 7 splits with the sink first, and with the producer;
-  // every ring with all its copies under the L2 evict_first policy, self-fed and producer-fed.
+  // the ring where its tiles fit a stage), planned and 7 splits with the sink first, and with the producer.
   struct Run {
     int splits, ring_stages;
     kc::RingFeed feed;
@@ -116,7 +115,6 @@ void check_case(const AttnCase& c) {
     int ring_16bit = -1;
     int packed_heads = -1;
     int sink_in_ring = -1;
-    int l2_evict_first = -1;
   };
   for (const Run run : {Run{1, 0, kc::RingFeed::kAuto}, Run{0, 0, kc::RingFeed::kAuto}, Run{7, 0, kc::RingFeed::kAuto, 1},
                         Run{0, 4, kc::RingFeed::kSelf}, Run{0, 4, kc::RingFeed::kProducer},
@@ -125,9 +123,7 @@ void check_case(const AttnCase& c) {
                         Run{0, 0, kc::RingFeed::kAuto, -1, 0}, Run{7, 0, kc::RingFeed::kAuto, 1, 0},
                         Run{0, 0, kc::RingFeed::kSelf, -1, -1, 0}, Run{7, 0, kc::RingFeed::kProducer, 1, -1, 0},
                         Run{0, 0, kc::RingFeed::kSelf, -1, -1, -1, 0}, Run{7, 0, kc::RingFeed::kSelf, 0, -1, -1, 0},
-                        Run{0, 0, kc::RingFeed::kProducer, -1, -1, -1, 0},
-                        Run{0, 0, kc::RingFeed::kSelf, -1, -1, -1, -1, kc::kL2HintPages | kc::kL2HintScales},
-                        Run{7, 0, kc::RingFeed::kProducer, 1, -1, -1, -1, kc::kL2HintPages | kc::kL2HintScales}}) {
+                        Run{0, 0, kc::RingFeed::kProducer, -1, -1, -1, 0}}) {
     const bool is16 = format_traits(c.format).bits == 16;
     if (run.ring_16bit == 0 && !is16) continue;  // the option only changes 16-bit plans
     if (run.packed_heads == 0 && (is16 || hq / c.num_kv_heads > 4)) continue;  // nothing to unpack
@@ -141,7 +137,6 @@ void check_case(const AttnCase& c) {
     opts.ring_16bit = run.ring_16bit;
     opts.packed_heads = run.packed_heads;
     opts.sink_in_ring = run.sink_in_ring;
-    opts.l2_evict_first = run.l2_evict_first;
     auto plan = kc::plan(a, dev, opts);
     ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
     auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(a, plan.value()), 16));
@@ -160,7 +155,6 @@ void check_case(const AttnCase& c) {
                             (plan.value().producer_warp ? " producer" : " self") +
                             (plan.value().packed_heads ? " packed" : "") +
                             (plan.value().sink_in_ring ? " sink-in-ring" : "") +
-                            (plan.value().l2_evict_first != 0 ? " l2-evict-first" : "") +
                             (is16 ? (plan.value().ring_stages > 0 ? " ring" : " register") : "");
     ASSERT_TRUE(testing::all_finite(got.data(), got.size())) << tag << ": output has NaN/inf (unwritten or poisoned read)";
     // Per (sequence, head) rows, so a single bad row cannot hide in a large norm.

@@ -252,10 +252,6 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
     // The bf16 sink's tiles through the ring, ahead of the pages (docs/GPU_NOTES.md §21): 8- and 4-bit
     // caches where a tile (16 x head_dim bytes of K and of V) fits a stage.
     p.sink_in_ring = format_bits(a.geom.format) <= 8 && 32 * a.geom.head_dim <= stage && opts.sink_in_ring != 0;
-    // No L2 policy unless asked for. On one H100 run evict_first took 1-8% off every fp8/int4 case of the bench
-    // whose pages outgrow L2 and cost 3-9% on every one whose pages fit; that rule waits for an H200 A/B
-    // (docs/GPU_NOTES.md §31, §32).
-    p.l2_evict_first = opts.l2_evict_first >= 0 ? opts.l2_evict_first & (kL2HintPages | kL2HintScales) : 0;
   }
   int occ = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, fn, p.threads, p.smem_bytes) != cudaSuccess ||
@@ -336,7 +332,6 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   k.stage_bytes = kern.bulk ? ring_stage_bytes(g) : 0;
   k.timeline = p.cta_timeline;
   k.sink_in_ring = p.sink_in_ring ? 1 : 0;
-  k.l2_evict_first = kern.bulk ? p.l2_evict_first : 0;
   if (p.num_splits > 1) {
     const size_t rows = static_cast<size_t>(a.tables.num_seqs) * a.num_q_heads * p.num_splits;
     k.part_out = static_cast<float*>(workspace);

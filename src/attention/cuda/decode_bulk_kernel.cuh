@@ -203,14 +203,6 @@ __device__ __forceinline__ int scale_sub(const RingAddr& r, int page) {
   return static_cast<int>((((static_cast<size_t>(page) * r.nkv + r.head) * r.scale_bytes) & 15) / r.scale_bytes);
 }
 
-// A ring copy with or without the L2 evict_first policy (the plan's warp-uniform choice).
-__device__ __forceinline__ void ring_copy(bool evict_first, uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  if (evict_first) {
-    warp_bulk_copy_g2s_evict_first(dst, src, bytes, bar);
-  } else {
-    warp_bulk_copy_g2s(dst, src, bytes, bar);
-  }
-}
 // Requests page `page` (K tile, V tile, then the K and V scale runs) into the page slot at shared
 // address `slot`, completing on the barrier at `bar` (whose expected bytes the caller set). The whole
 // warp calls it (converged, warp-uniform operands: warp_uniform) and one elected lane issues the copies.
@@ -218,14 +210,11 @@ template <ScaleMode SM>
 __device__ __forceinline__ void request_page(const DecodeParams& p, const RingAddr& r, int page, uint32_t slot,
                                              uint32_t bar) {
   const PageSource src = page_source<SM>(r, page);
-  const bool hint_pages = (p.l2_evict_first & kL2HintPages) != 0;
-  ring_copy(hint_pages, slot, p.k_codes + src.codes, r.tile, bar);
-  ring_copy(hint_pages, slot + r.tile, p.v_codes + src.codes, r.tile, bar);
+  warp_bulk_copy_g2s(slot, p.k_codes + src.codes, r.tile, bar);
+  warp_bulk_copy_g2s(slot + r.tile, p.v_codes + src.codes, r.tile, bar);
   if constexpr (SM == ScaleMode::kToken) {
-    // Scale runs are shorter than a line: the CTAs of neighbouring kv heads read the rest of it.
-    const bool hint_scales = (p.l2_evict_first & kL2HintScales) != 0;
-    ring_copy(hint_scales, slot + 2 * r.tile, static_cast<const uint8_t*>(p.k_scales) + src.scales, r.sbytes, bar);
-    ring_copy(hint_scales, slot + 2 * r.tile + r.sbytes, static_cast<const uint8_t*>(p.v_scales) + src.scales, r.sbytes, bar);
+    warp_bulk_copy_g2s(slot + 2 * r.tile, static_cast<const uint8_t*>(p.k_scales) + src.scales, r.sbytes, bar);
+    warp_bulk_copy_g2s(slot + 2 * r.tile + r.sbytes, static_cast<const uint8_t*>(p.v_scales) + src.scales, r.sbytes, bar);
   }
 }
 // Requests a unit's pages (page1 < 0: the unit has one page) into the stage at `stage`; the whole warp calls it.
@@ -357,9 +346,8 @@ __device__ __forceinline__ void request_sink_tile(const DecodeParams& p, const C
   const int tpp = p.block_size / kTileTokens;
   const size_t off = p.geom.elem_index(page, w.kv_head, (tile % tpp) * kTileTokens) * 2;
   warp_mbar_arrive_expect_tx(bar, 2 * kBytes);
-  const bool hint = (p.l2_evict_first & kL2HintPages) != 0;
-  ring_copy(hint, stage, p.k_sink + off, kBytes, bar);
-  ring_copy(hint, stage + kBytes, p.v_sink + off, kBytes, bar);
+  warp_bulk_copy_g2s(stage, p.k_sink + off, kBytes, bar);
+  warp_bulk_copy_g2s(stage + kBytes, p.v_sink + off, kBytes, bar);
 }
 // The warp's j-th sink tile (Feed::kSelf: page ids from SinkItems::ids).
 template <int D, int W>

@@ -66,7 +66,6 @@ struct DecodeParams {
   int stage_bytes;    // bulk kernel: bytes of one ring stage (bulk_stage_bytes)
   unsigned long long* timeline;  // DecodePlan::cta_timeline (diagnostics), usually null
   int sink_in_ring;              // bulk kernel: DecodePlan::sink_in_ring
-  int l2_evict_first;            // bulk kernel: DecodePlan::l2_evict_first (kL2HintPages | kL2HintScales)
 };
 
 // DecodePlan::cta_timeline: the global timer when the CTA starts, when its warp 0 starts and ends the

@@ -116,16 +116,6 @@ __device__ __forceinline__ void warp_bulk_copy_g2s(uint32_t dst, const void* src
       "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar)
       : "memory");
 }
-// The same copy with an L2 evict_first policy on its lines (DecodePlan::l2_evict_first): bytes read once
-// per decode step leave L2 before lines that other CTAs of the grid still read (docs/GPU_NOTES.md §31, §32).
-__device__ __forceinline__ void warp_bulk_copy_g2s_evict_first(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile(
-      "{\n\t.reg .pred p;\n\t.reg .b64 pol;\n\telect.sync _|p, 0xffffffff;\n\t"
-      "createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n\t"
-      "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], pol;\n\t}\n" ::"r"(dst),
-      "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar)
-      : "memory");
-}
 __device__ __forceinline__ void warp_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile(
       "{\n\t.reg .pred p;\n\telect.sync _|p, 0xffffffff;\n\t"

@@ -64,8 +64,6 @@ struct DecodePlan {
                                // the ring ahead of the pages (else through the register path first)
   bool overlap_merge = false;  // several splits: the merge kernel is launched as a programmatic dependent of the
                                // decode (sm_90), so its launch overlaps the decode's last CTAs
-  int l2_evict_first = 0;      // ring kernels: which bulk copies carry an L2 evict_first policy (kL2HintPages: the
-                               // code tiles and sink tiles, read once per step; kL2HintScales: the scale runs too)
   // Diagnostics (kvq bench decode --timeline): when set, every CTA of the decode kernel writes
   // {start ns, end ns, SM id, main pages, main pages start ns, main pages end ns} (global timer; the last
   // two by warp 0, 0 for a CTA without work), then the ring kernel's ramp in steps {work and barriers
@@ -78,8 +76,6 @@ struct DecodePlan {
   unsigned long long* cta_timeline = nullptr;
 };
 constexpr int kTimelineWords = 13;
-// DecodePlan::l2_evict_first / DecodeOptions::l2_evict_first bits.
-constexpr int kL2HintPages = 1, kL2HintScales = 2;
 
 // Who refills the ring of the bulk-copy kernel. kAuto: a producer warp when fewer than
 // sm_count / 2 CTAs make up one split of the batch (sequences x kv heads x head groups), where every
@@ -100,8 +96,6 @@ struct DecodeOptions {
                           // group is <= 4
   int overlap_merge = -1;  // 0: launch the split merge as a plain kernel, 1: overlap it (measurements); -1: choose
   int sink_in_ring = -1;   // 0: the sink through the register path (tests, measurements); -1: choose
-  int l2_evict_first = -1;  // ring kernels, >= 0: exactly these kL2Hint* bits (tests, measurements); -1: the plan's
-                            // choice, none until an H200 measures the rule of docs/GPU_NOTES.md §32
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
