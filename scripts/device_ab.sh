@@ -9,8 +9,9 @@
 #                                 PACK_BUNDLE=1 PACK_BASE=BUILD_DIR/kvq_base scripts/device_engine.sh pack BUILD_DIR
 #   there: scripts/device_ab.sh                          (carry .device, and .devbase when used)
 #
-# Or arms of one binary that differ by a measurement knob (no base build): AB_ARMS="off:KVQ_DECODE_L2_HINT=0
-# on:KVQ_DECODE_L2_HINT=1" -- NAME:VAR=VALUE[,VAR=VALUE], the first arm the base; every arm runs kvq.
+# Or arms of one binary that differ by a measurement knob (no base build): AB_ARMS="plan: self:KVQ_DECODE_RING_FEED=self
+# prod:KVQ_DECODE_RING_FEED=producer" -- NAME:VAR=VALUE[,VAR=VALUE] (none: the defaults), the first arm the base;
+# every arm runs kvq.
 #
 # Environment: OUT (results), AB_TESTS (1: run test_attention_cuda and test_backend first), AB_FORMATS
 # (bf16,fp8,int8,int4), AB_BS (16), AB_ARGS (more `kvq bench decode` arguments, e.g. --shapes), AB_ROUNDS (2),
