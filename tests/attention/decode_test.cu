@@ -107,7 +107,9 @@ void check_case(const AttnCase& c) {
   // caches also on the register kernel (DecodeOptions::ring_16bit = 0), planned and 7 splits; 8- and
   // 4-bit caches with head packing off (the planner packs groups <= 4), planned and 7 splits per feed;
   // 8- and 4-bit caches with the sink on the register path instead of the ring (the planner puts it in
-  // the ring where its tiles fit a stage), planned and 7 splits with the sink first, and with the producer.
+  // the ring where its tiles fit a stage), planned and 7 splits with the sink first, and with the producer;
+  // 8- and 4-bit caches on the instances whose ring copies carry the L2 evict_first policy (the planner takes
+  // them only where the batch outgrows L2), self-fed planned and producer-fed with 7 splits.
   struct Run {
     int splits, ring_stages;
     kc::RingFeed feed;
@@ -115,6 +117,7 @@ void check_case(const AttnCase& c) {
     int ring_16bit = -1;
     int packed_heads = -1;
     int sink_in_ring = -1;
+    int l2_evict_first = -1;
   };
   for (const Run run : {Run{1, 0, kc::RingFeed::kAuto}, Run{0, 0, kc::RingFeed::kAuto}, Run{7, 0, kc::RingFeed::kAuto, 1},
                         Run{0, 4, kc::RingFeed::kSelf}, Run{0, 4, kc::RingFeed::kProducer},
@@ -123,11 +126,13 @@ void check_case(const AttnCase& c) {
                         Run{0, 0, kc::RingFeed::kAuto, -1, 0}, Run{7, 0, kc::RingFeed::kAuto, 1, 0},
                         Run{0, 0, kc::RingFeed::kSelf, -1, -1, 0}, Run{7, 0, kc::RingFeed::kProducer, 1, -1, 0},
                         Run{0, 0, kc::RingFeed::kSelf, -1, -1, -1, 0}, Run{7, 0, kc::RingFeed::kSelf, 0, -1, -1, 0},
-                        Run{0, 0, kc::RingFeed::kProducer, -1, -1, -1, 0}}) {
+                        Run{0, 0, kc::RingFeed::kProducer, -1, -1, -1, 0},
+                        Run{0, 0, kc::RingFeed::kSelf, -1, -1, -1, -1, 1}, Run{7, 0, kc::RingFeed::kProducer, 1, -1, -1, -1, 1}}) {
     const bool is16 = format_traits(c.format).bits == 16;
     if (run.ring_16bit == 0 && !is16) continue;  // the option only changes 16-bit plans
     if (run.packed_heads == 0 && (is16 || hq / c.num_kv_heads > 4)) continue;  // nothing to unpack
     if (run.sink_in_ring == 0 && (is16 || c.sink == 0)) continue;              // no sink tiles to move
+    if (run.l2_evict_first == 1 && is16) continue;                             // no such instances
     const int forced = run.splits;
     kc::DecodeOptions opts;
     opts.force_splits = forced;
@@ -137,8 +142,10 @@ void check_case(const AttnCase& c) {
     opts.ring_16bit = run.ring_16bit;
     opts.packed_heads = run.packed_heads;
     opts.sink_in_ring = run.sink_in_ring;
+    opts.l2_evict_first = run.l2_evict_first;
     auto plan = kc::plan(a, dev, opts);
     ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+    if (run.l2_evict_first == 1) ASSERT_TRUE(plan.value().l2_evict_first) << c.name();
     auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(a, plan.value()), 16));
     ASSERT_TRUE(ws.is_ok());
     ASSERT_OK(dout.value().fill_byte(0xFF));  // NaN: an element the kernel forgets stays NaN
@@ -155,6 +162,7 @@ void check_case(const AttnCase& c) {
                             (plan.value().producer_warp ? " producer" : " self") +
                             (plan.value().packed_heads ? " packed" : "") +
                             (plan.value().sink_in_ring ? " sink-in-ring" : "") +
+                            (plan.value().l2_evict_first ? " l2-evict-first" : "") +
                             (is16 ? (plan.value().ring_stages > 0 ? " ring" : " register") : "");
     ASSERT_TRUE(testing::all_finite(got.data(), got.size())) << tag << ": output has NaN/inf (unwritten or poisoned read)";
     // Per (sequence, head) rows, so a single bad row cannot hide in a large norm.
@@ -170,7 +178,8 @@ void check_case(const AttnCase& c) {
                                         "_r" + std::to_string(run.ring_stages) +
                                         (plan.value().producer_warp ? "_p" : "_s") + (run.ring_16bit == 0 ? "_reg" : "") +
                                         (plan.value().packed_heads ? "_pk" : "") +
-                                        (plan.value().sink_in_ring ? "_sr" : ""),
+                                        (plan.value().sink_in_ring ? "_sr" : "") +
+                                        (plan.value().l2_evict_first ? "_ef" : ""),
                                     std::to_string(worst));
   }
 }
@@ -376,6 +385,39 @@ TEST(CudaDecodeApi, FeedAtHeadDim256FollowsTheFormat) {
       auto forced = kc::plan(a, dev, producer);
       ASSERT_TRUE(forced.is_ok());
       EXPECT_TRUE(forced.value().producer_warp) << format_name(f) << " block " << bs;
+    }
+  }
+}
+
+// The ring copies' L2 policy (DecodePlan::l2_evict_first): chosen for fp8 (both flavours) and int4 exactly
+// where the batch's pages, bounded by the table widths, outgrow the device's L2; never for int8 and 16-bit
+// caches; an explicit setting wins for 8- and 4-bit caches, and 16-bit caches have no such instances.
+TEST(CudaDecodeApi, L2PolicyFollowsTheBatchBytes) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  const CudaDeviceInfo dev = cuda_device_info().value();
+  auto dummy = kc::DeviceBuffer::create(256);
+  ASSERT_TRUE(dummy.is_ok());
+  constexpr int kLen = 3840, kHkv = 8, kD = 128;  // with the 256-token sink, 4096 tokens per sequence
+  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt4, Format::kInt8, Format::kBf16}) {
+    const long long per_seq = 1LL * kHkv * (kLen + 256) * kD * 2 * format_traits(f).bits / 8;
+    const int fits = static_cast<int>(static_cast<long long>(dev.l2_bytes) / per_seq);  // bytes <= L2
+    ASSERT_GE(fits, 1) << "device L2 of " << dev.l2_bytes << " bytes";
+    const bool rule_format = f == Format::kFp8E4m3 || f == Format::kFp8E4m3Fnuz || f == Format::kInt4;
+    for (int bs : {16, 32}) {
+      const std::string tag = std::string(format_name(f)) + " block " + std::to_string(bs);
+      auto below = kc::plan(plan_only_args(dummy.value().as<uint8_t>(), f, fits, kHkv, 4 * kHkv, kD, bs, kLen), dev);
+      auto above = kc::plan(plan_only_args(dummy.value().as<uint8_t>(), f, fits + 1, kHkv, 4 * kHkv, kD, bs, kLen), dev);
+      ASSERT_TRUE(below.is_ok() && above.is_ok()) << tag;
+      EXPECT_FALSE(below.value().l2_evict_first) << tag << ", " << fits << " sequences";
+      EXPECT_EQ(above.value().l2_evict_first, rule_format) << tag << ", " << fits + 1 << " sequences";
+      for (int forced : {0, 1}) {
+        kc::DecodeOptions o;
+        o.l2_evict_first = forced;
+        auto p = kc::plan(plan_only_args(dummy.value().as<uint8_t>(), f, fits + 1 - forced, kHkv, 4 * kHkv, kD, bs, kLen), dev, o);
+        ASSERT_TRUE(p.is_ok()) << tag;
+        EXPECT_EQ(p.value().l2_evict_first, forced == 1 && format_traits(f).bits <= 8) << tag << ", forced " << forced;
+      }
     }
   }
 }

@@ -199,19 +199,24 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     if (const char* env = std::getenv("KVQ_DECODE_OVERLAP_MERGE")) d.overlap_merge = std::atoi(env);
     // And for the sink's path in the ring kernel (§21): 0 the register path.
     if (const char* env = std::getenv("KVQ_DECODE_SINK_RING")) d.sink_in_ring = std::atoi(env) == 0 ? 0 : -1;
+    // And for the ring copies' L2 policy (§32, §33): 0 plain copies, 1 evict_first (8- and 4-bit caches).
+    if (const char* env = std::getenv("KVQ_DECODE_L2_HINT")) d.l2_evict_first = std::atoi(env) == 0 ? 0 : 1;
     d.timeline = o.timeline || o.timeline_runs > 1;
     d.timeline_runs = o.timeline_runs;
     d.timing = timing;
     auto rows = kc::bench_decode(d, copy.value(), read_bw);
     if (!rows.is_ok()) return fail("decode", rows.status());
     // %same: the read-only stream of the case's bytes alone, timed like the case, as a share of its time.
-    std::printf("\n%-30s %-13s %3s %5s %6s %4s %6s %7s %10s %8s %7s %7s %7s %8s\n", "shape", "format", "bs", "sink",
+    std::printf("\n%-30s %-13s %3s %5s %6s %4s %6s %10s %10s %8s %7s %7s %7s %8s\n", "shape", "format", "bs", "sink",
                 "splits", "ctas", "stages", "feed", "median_us", "TB/s", "%copy", "%read", "%same", "t/bf16");
     nlohmann::json arr = nlohmann::json::array();
     for (const auto& r : rows.value()) {
       // feed: who refills the ring ("-": the register kernel), "+pk" where heads are packed.
-      const std::string feed = r.ring_stages == 0 ? "-" : std::string(r.producer_warp ? "prod" : "self") + (r.packed_heads ? "+pk" : "");
-      std::printf("%-30s %-13s %3d %5d %6d %4d %6d %7s %10.2f %8.3f %6.1f%% %6.1f%% %6.1f%% %8.3f\n",
+      // "+ef": the ring's copies carry the L2 evict_first policy.
+      const std::string feed = r.ring_stages == 0 ? "-"
+                               : std::string(r.producer_warp ? "prod" : "self") + (r.packed_heads ? "+pk" : "") +
+                                     (r.l2_evict_first ? "+ef" : "");
+      std::printf("%-30s %-13s %3d %5d %6d %4d %6d %10s %10.2f %8.3f %6.1f%% %6.1f%% %6.1f%% %8.3f\n",
                   r.shape.label().c_str(), format_name(r.format), r.block_size, r.sink_tokens, r.splits, r.ctas_per_sm,
                   r.ring_stages, feed.c_str(), r.us_median, r.tb_per_s,
                   100 * r.frac_of_copy, 100 * r.frac_of_read, 100 * r.frac_of_same_read,
@@ -241,6 +246,7 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                      {"ring_stages", r.ring_stages},
                      {"ring_feed", r.ring_stages == 0 ? "none" : r.producer_warp ? "producer" : "self"},
                      {"packed_heads", r.packed_heads},
+                     {"l2_evict_first", r.l2_evict_first},
                      {"speedup_vs_bf16", r.speedup_vs_bf16},
                      {"time_vs_bf16", r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0}});
     }

@@ -576,6 +576,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   dopts.spread_sink = o.spread_sink;
   dopts.overlap_merge = o.overlap_merge;
   dopts.sink_in_ring = o.sink_in_ring;
+  dopts.l2_evict_first = o.l2_evict_first;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;
@@ -584,6 +585,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   row.ring_stages = plan->ring_stages;
   row.producer_warp = plan->producer_warp;
   row.packed_heads = plan->packed_heads;
+  row.l2_evict_first = plan->l2_evict_first;
   auto ws = DeviceBuffer::create(std::max<size_t>(workspace_size(a, plan.value()), 16));
   if (!ws.is_ok()) return ws.status();
 

@@ -20,10 +20,20 @@ ScaleMode scale_mode(const cache::CacheGeometry& g) {
 }
 
 // ring_16bit: 16-bit caches through the bulk-copy kernel where it has an instance (DecodePlan::ring_16bit).
-// timeline: the instances that write DecodePlan::cta_timeline; the same plan fits both (same launch bounds,
-// ring and threads).
-detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g, bool ring_16bit = true, bool timeline = false) {
+// timeline: the instances that write DecodePlan::cta_timeline; evict_first: those of DecodePlan::l2_evict_first
+// (8- and 4-bit formats). The same plan fits all three (same launch bounds, ring and threads).
+detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g, bool ring_16bit = true, bool timeline = false,
+                                  bool evict_first = false) {
   if (timeline) return detail::decode_kernel_timeline(g.format, g.head_dim, scale_mode(g), ring_16bit);
+  if (evict_first) {
+    switch (g.format) {
+      case Format::kFp8E4m3:
+      case Format::kFp8E4m3Fnuz: return detail::decode_kernel_evict_first_fp8(g.head_dim, scale_mode(g));
+      case Format::kInt8: return detail::decode_kernel_evict_first_int8(g.head_dim, scale_mode(g));
+      case Format::kInt4: return detail::decode_kernel_evict_first_int4(g.head_dim, scale_mode(g));
+      default: return {};
+    }
+  }
   switch (g.format) {
     case Format::kBf16:
     case Format::kFp16: return detail::decode_kernel_16bit(g.format, g.head_dim, ring_16bit);
@@ -131,7 +141,20 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   // except when one split of the batch is a handful of CTAs (B1 x 8 kv heads: 54.8 vs 52.0 us),
   // where each CTA is one long chain and the register kernel's loads start sooner (docs/GPU_NOTES.md §16).
   p.ring_16bit = opts.ring_16bit >= 0 ? opts.ring_16bit == 1 : base >= std::max(dev.sm_count, 1) / 8;
-  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit);
+  // The ring's copies under L2 evict_first where the batch's pages (bounded by the table widths) outgrow L2:
+  // bytes read once per step then leave L2 first. On an H100 (L2 50 MiB) evict_first took 1-8% off every fp8 and
+  // int4 case of the bench whose pages outgrow L2 and cost 0-9% on every one whose pages fit (docs/GPU_NOTES.md
+  // §32, §33); int8 and 16-bit caches were not measured with it then.
+  {
+    const int bits = format_bits(a.geom.format);
+    const double kv_bytes = static_cast<double>(std::max(a.tables.num_seqs, 0)) * a.geom.num_kv_heads * p.max_tokens *
+                            a.geom.head_dim * 2 * bits / 8;
+    const bool rule_format = a.geom.format == Format::kFp8E4m3 || a.geom.format == Format::kFp8E4m3Fnuz ||
+                             a.geom.format == Format::kInt4;
+    const bool rule = rule_format && kv_bytes > static_cast<double>(dev.l2_bytes);
+    p.l2_evict_first = bits <= 8 && (opts.l2_evict_first >= 0 ? opts.l2_evict_first == 1 : rule);
+  }
+  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit, false, p.l2_evict_first);
   p.packed_heads = kern.has_packed() && group <= 4 && opts.packed_heads != 0;
   if (kern.bulk) {
     // A producer warp when a split of the batch has few CTAs, each a long chain of pages (docs/GPU_NOTES.md
@@ -301,7 +324,7 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   KVQ_RETURN_IF_ERROR(can_implement(a));
   if (a.tables.num_seqs == 0) return Status::ok();
   const bool timeline = p.cta_timeline != nullptr;
-  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit, timeline);
+  const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit, timeline, p.l2_evict_first);
   if (a.tables.num_seqs != p.num_seqs || a.num_q_heads != p.num_q_heads || a.tables.max_blocks > p.max_blocks ||
       a.tables.max_sink_blocks > p.max_sink_blocks || p.num_splits < 1 ||
       (p.producer_warp && !kern.bulk) || p.threads != kern.threads(p.producer_warp) ||

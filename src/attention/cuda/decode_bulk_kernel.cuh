@@ -206,25 +206,25 @@ __device__ __forceinline__ int scale_sub(const RingAddr& r, int page) {
 // Requests page `page` (K tile, V tile, then the K and V scale runs) into the page slot at shared
 // address `slot`, completing on the barrier at `bar` (whose expected bytes the caller set). The whole
 // warp calls it (converged, warp-uniform operands: warp_uniform) and one elected lane issues the copies.
-template <ScaleMode SM>
+template <ScaleMode SM, L2Policy L2>
 __device__ __forceinline__ void request_page(const DecodeParams& p, const RingAddr& r, int page, uint32_t slot,
                                              uint32_t bar) {
   const PageSource src = page_source<SM>(r, page);
-  warp_bulk_copy_g2s(slot, p.k_codes + src.codes, r.tile, bar);
-  warp_bulk_copy_g2s(slot + r.tile, p.v_codes + src.codes, r.tile, bar);
+  warp_bulk_copy_g2s<L2>(slot, p.k_codes + src.codes, r.tile, bar);
+  warp_bulk_copy_g2s<L2>(slot + r.tile, p.v_codes + src.codes, r.tile, bar);
   if constexpr (SM == ScaleMode::kToken) {
-    warp_bulk_copy_g2s(slot + 2 * r.tile, static_cast<const uint8_t*>(p.k_scales) + src.scales, r.sbytes, bar);
-    warp_bulk_copy_g2s(slot + 2 * r.tile + r.sbytes, static_cast<const uint8_t*>(p.v_scales) + src.scales, r.sbytes, bar);
+    warp_bulk_copy_g2s<L2>(slot + 2 * r.tile, static_cast<const uint8_t*>(p.k_scales) + src.scales, r.sbytes, bar);
+    warp_bulk_copy_g2s<L2>(slot + 2 * r.tile + r.sbytes, static_cast<const uint8_t*>(p.v_scales) + src.scales, r.sbytes, bar);
   }
 }
 // Requests a unit's pages (page1 < 0: the unit has one page) into the stage at `stage`; the whole warp calls it.
-template <ScaleMode SM>
+template <ScaleMode SM, L2Policy L2>
 __device__ __forceinline__ void request_unit(const DecodeParams& p, const RingAddr& r, int page0, int page1,
                                              uint32_t stage, uint32_t bar) {
   const uint32_t page_bytes = 2 * r.tile + 2 * r.sbytes;
   warp_mbar_arrive_expect_tx(bar, page1 >= 0 ? 2 * page_bytes : page_bytes);
-  request_page<SM>(p, r, page0, stage, bar);
-  if (page1 >= 0) request_page<SM>(p, r, page1, stage + r.page_slot, bar);
+  request_page<SM, L2>(p, r, page0, stage, bar);
+  if (page1 >= 0) request_page<SM, L2>(p, r, page1, stage + r.page_slot, bar);
 }
 
 // Units: a ring stage holds 2^ppu_log consecutive pages of the split (ring_pages_per_stage), one
@@ -339,21 +339,21 @@ __device__ __forceinline__ SinkItems<W> sink_items(const DecodeParams& p, const 
 }
 // Requests sink tile `tile` (on page `page`) into the stage at `stage`; the whole warp calls it with
 // warp-uniform operands.
-template <int D>
+template <int D, L2Policy L2>
 __device__ __forceinline__ void request_sink_tile(const DecodeParams& p, const CtaWork& w, int page, int tile,
                                                   uint32_t stage, uint32_t bar) {
   constexpr uint32_t kBytes = kTileTokens * D * 2;
   const int tpp = p.block_size / kTileTokens;
   const size_t off = p.geom.elem_index(page, w.kv_head, (tile % tpp) * kTileTokens) * 2;
   warp_mbar_arrive_expect_tx(bar, 2 * kBytes);
-  warp_bulk_copy_g2s(stage, p.k_sink + off, kBytes, bar);
-  warp_bulk_copy_g2s(stage + kBytes, p.v_sink + off, kBytes, bar);
+  warp_bulk_copy_g2s<L2>(stage, p.k_sink + off, kBytes, bar);
+  warp_bulk_copy_g2s<L2>(stage + kBytes, p.v_sink + off, kBytes, bar);
 }
 // The warp's j-th sink tile (Feed::kSelf: page ids from SinkItems::ids).
-template <int D, int W>
+template <int D, int W, L2Policy L2>
 __device__ __forceinline__ void request_warp_sink_tile(const DecodeParams& p, const CtaWork& w, const SinkItems<W>& sk,
                                                        int j, int warp, uint32_t stage, uint32_t bar) {
-  request_sink_tile<D>(p, w, warp_uniform(__shfl_sync(0xffffffffu, sk.ids, j)), sk.tile(j, warp), stage, bar);
+  request_sink_tile<D, L2>(p, w, warp_uniform(__shfl_sync(0xffffffffu, sk.ids, j)), sk.tile(j, warp), stage, bar);
 }
 // Sink tile `tile` from its stage (K rows at 0, V rows after them): the register path's numerics.
 template <int D>
@@ -364,7 +364,7 @@ __device__ __forceinline__ void attend_sink_tile(const uint8_t* stage, const Par
   compute_tiles<Format::kBf16, D, ScaleMode::kNone, 1>(&pl, qf_sink, sa, tile, lane, st);
 }
 // The warp's main unit k (< the first window's units, page ids in ids0) into stage s.
-template <ScaleMode SM>
+template <ScaleMode SM, L2Policy L2>
 __device__ __forceinline__ void request_main_unit(const DecodeParams& p, const RingAddr& ra, int ids0, int k,
                                                   int* page_ids, int s, uint32_t ring, uint32_t full, int lane) {
   const int page0 = warp_uniform(__shfl_sync(0xffffffffu, ids0, window_entry(k, 0, ra.ppu_log)));
@@ -372,7 +372,7 @@ __device__ __forceinline__ void request_main_unit(const DecodeParams& p, const R
       ra.ppu_log ? warp_uniform(__shfl_sync(0xffffffffu, ids0, window_entry(k, 1, ra.ppu_log))) : -1;
   if (lane == 0) page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
   __syncwarp();  // the ids before the barrier's arrival, which the elected lane makes
-  request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
+  request_unit<SM, L2>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
 }
 
 // DecodePlan::cta_timeline: when warp 0's first ring item (in stage `bar`, phase 0) has arrived; `items`: the
@@ -389,7 +389,7 @@ __device__ __forceinline__ void mark_first_item(const DecodeParams& p, int items
 
 // The warp's first S / W items (sink tiles, then units), requested by the warp before the query is
 // prepared, which they overlap.
-template <Format F, int D, ScaleMode SM, int W>
+template <Format F, int D, ScaleMode SM, int W, L2Policy L2>
 __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const SinkItems<W>& sk,
                            uint32_t full, int* page_ids, uint32_t ring, int warp, int lane) {
   const WarpUnits<W> wu = warp_units<W>(p, w, ra, warp);
@@ -398,16 +398,16 @@ __device__ void prime_ring(const DecodeParams& p, const CtaWork& w, const RingAd
   for (int i = 0; i < R; ++i) {
     const int s = warp + W * i;
     if (i < sk.count) {
-      request_warp_sink_tile<D, W>(p, w, sk, i, warp, ring + s * p.stage_bytes, full + 8 * s);
+      request_warp_sink_tile<D, W, L2>(p, w, sk, i, warp, ring + s * p.stage_bytes, full + 8 * s);
     } else if (i - sk.count < wu.count) {
-      request_main_unit<SM>(p, ra, ids, i - sk.count, page_ids, s, ring, full, lane);
+      request_main_unit<SM, L2>(p, ra, ids, i - sk.count, page_ids, s, ring, full, lane);
     }
   }
 }
 
 // sa / qf_sink: the sink's arguments and query fragments (sink items only); t_sink_done: the timeline's
 // mark after them.
-template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack, bool kTL, int W>
+template <Format F, int D, ScaleMode SM, ScaleDtype SD, bool PT, bool kPack, bool kTL, int W, L2Policy L2>
 __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const PartArgs& a,
                                  const uint4* qf, const SinkItems<W>& sk, const PartArgs& sa, const uint4* qf_sink,
                                  uint32_t full, int* page_ids, uint8_t* ring, int warp, int lane, State<D>& st,
@@ -432,9 +432,9 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
       __syncwarp();
       const int i = j + R;  // the item this stage takes next
       if (i < sk.count) {
-        request_warp_sink_tile<D, W>(p, w, sk, i, warp, ring_s + stage_off, full + 8 * s);
+        request_warp_sink_tile<D, W, L2>(p, w, sk, i, warp, ring_s + stage_off, full + 8 * s);
       } else if (i - sk.count < wu.count) {
-        request_main_unit<SM>(p, ra, ids0, i - sk.count, page_ids, s, ring_s, full, lane);
+        request_main_unit<SM, L2>(p, ra, ids0, i - sk.count, page_ids, s, ring_s, full, lane);
       }
       s += W;
       if (s >= S) s -= S, phase ^= 1u;
@@ -467,7 +467,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
         if (lane == 0) page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
         __syncwarp();  // the ids before the barrier's arrival, which the elected lane makes
       }
-      request_unit<SM>(p, ra, page0, page1, ring_s + stage_off, full + 8 * s);
+      request_unit<SM, L2>(p, ra, page0, page1, ring_s + stage_off, full + 8 * s);
     }
     s += W;
     if (s >= S) s -= S, phase ^= 1u;
@@ -477,7 +477,7 @@ __device__ void consume_self_fed(const DecodeParams& p, const CtaWork& w, const 
 // ---- Feed::kProducer ------------------------------------------------------------------------------
 
 // The producer warp: page ids 32 at a time (one per lane), the units requested in order.
-template <Format F, int D, ScaleMode SM, int W>
+template <Format F, int D, ScaleMode SM, int W, L2Policy L2>
 __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr& ra, const SinkItems<W>& sk, uint32_t full,
                         uint32_t empty, int* page_ids, uint32_t ring, int lane) {
   const int n_pages = w.main_pages, ppu = 1 << ra.ppu_log;
@@ -489,7 +489,7 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr&
     for (int j = 0; j < min(32, sk.n - base); ++j) {
       const int page = warp_uniform(__shfl_sync(0xffffffffu, mine, j));
       if (use > 0) mbar_wait(empty + 8 * s, (use - 1) & 1);
-      request_sink_tile<D>(p, w, page, sk.t0 + base + j, ring + s * p.stage_bytes, full + 8 * s);
+      request_sink_tile<D, L2>(p, w, page, sk.t0 + base + j, ring + s * p.stage_bytes, full + 8 * s);
       if (++s == S) s = 0, ++use;
     }
   }
@@ -502,7 +502,7 @@ __device__ void produce(const DecodeParams& p, const CtaWork& w, const RingAddr&
       if (use > 0) mbar_wait(empty + 8 * s, (use - 1) & 1);
       if (lane == 0) page_ids[2 * s] = page0, page_ids[2 * s + 1] = page1;
       __syncwarp();  // the ids before the barrier's arrival, which the elected lane makes
-      request_unit<SM>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
+      request_unit<SM, L2>(p, ra, page0, page1, ring + s * p.stage_bytes, full + 8 * s);
       if (++s == S) s = 0, ++use;
     }
   }
@@ -546,8 +546,8 @@ __device__ void consume_produced(const DecodeParams& p, const CtaWork& w, const 
 
 // kPack: at most 4 query heads per CTA, tiles scored in pairs (compute_tiles); the sink is attended in
 // the unpacked layout first and the state converted (pack_state).
-// kTL: the timeline instance (record_timeline).
-template <Format F, int D, ScaleMode SM, int kMinCtas, Feed FD, bool kPack, bool kTL>
+// kTL: the timeline instance (record_timeline). L2: the ring copies' L2 policy (DecodePlan::l2_evict_first).
+template <Format F, int D, ScaleMode SM, int kMinCtas, Feed FD, bool kPack, bool kTL, L2Policy L2 = L2Policy::kNormal>
 __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, D)>(), kMinCtas)
     decode_bulk_kernel(const DecodeParams p) {
   constexpr int W = decode_warps(Path<F>::kBits, D);
@@ -590,7 +590,7 @@ __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, 
   const bool sink_ring = sink_through_ring<W>(p, w);
   if (sink_ring) sk = sink_items<W>(p, w, warp, lane, FD == Feed::kSelf);
   if constexpr (FD == Feed::kSelf) {
-    prime_ring<F, D, SM, W>(p, w, ra, sk, full_s, page_ids, ring_s, warp, lane);
+    prime_ring<F, D, SM, W, L2>(p, w, ra, sk, full_s, page_ids, ring_s, warp, lane);
     mark_timeline<kTL>(p, sm.marks.t_primed);
   }
   const float unscale = prepare_query<F, D>(p, w, sm, ql);
@@ -598,7 +598,7 @@ __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, 
   State<D> st;
   init_state(st);
   if (producer) {
-    if constexpr (FD == Feed::kProducer) produce<F, D, SM, W>(p, w, ra, sk, full_s, empty_s, page_ids, ring_s, lane);
+    if constexpr (FD == Feed::kProducer) produce<F, D, SM, W, L2>(p, w, ra, sk, full_s, empty_s, page_ids, ring_s, lane);
   } else {
     if (!sink_ring) run_sink<D, W>(p, w, sm.qf[1], unscale, warp, lane, st);  // else: ring items (consume_self_fed)
     const PartArgs sa = sink_args(p, w, unscale);
@@ -618,7 +618,7 @@ __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, 
       constexpr ScaleDtype SD = decltype(sd)::value;
       constexpr bool PT = decltype(pt)::value;
       if constexpr (FD == Feed::kSelf) {
-        consume_self_fed<F, D, SM, SD, PT, kPack, kTL, W>(p, w, ra, a, sm.qf[0], sk, sa, sm.qf[1], full_s, page_ids, ring, warp,
+        consume_self_fed<F, D, SM, SD, PT, kPack, kTL, W, L2>(p, w, ra, a, sm.qf[0], sk, sa, sm.qf[1], full_s, page_ids, ring, warp,
                                                   lane, st, sm.t_pages0, sm.marks.t_item0);
       } else {
         consume_produced<F, D, SM, SD, PT, kPack, kTL, W>(p, w, ra, a, sm.qf[0], full_s, empty_s, page_ids, ring, warp, lane, st,

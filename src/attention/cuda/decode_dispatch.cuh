@@ -37,17 +37,18 @@ using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 // has at most 4 query heads) for the 8- and 4-bit formats at head_dim 64 and 128, whose softmax step
 // has an even number of tiles; 16-bit caches and head_dim 256 keep one instance per feed.
 // kTL: the instances that write DecodePlan::cta_timeline (decode_kernel_timeline), apart from the product's.
-template <Format F, int D, ScaleMode SM, bool kTL = false>
+// L2: L2Policy::kEvictFirst for the instances of DecodePlan::l2_evict_first (decode_kernel_evict_first).
+template <Format F, int D, ScaleMode SM, bool kTL = false, L2Policy L2 = L2Policy::kNormal>
 DecodeKernelFn bulk_instance() {
   constexpr int W = decode_warps(Path<F>::kBits, D);
   constexpr int kSelfCtas = D == 256 ? 8 / W : 4, kProducerCtas = D == 64 ? 4 : D == 128 ? 3 : 8 / W;
   DecodeKernelFn k;
   k.warps = W;
-  k.fn = decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf, false, kTL>;
-  k.fn_producer = decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer, false, kTL>;
+  k.fn = decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf, false, kTL, L2>;
+  k.fn_producer = decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer, false, kTL, L2>;
   if constexpr (Path<F>::kBits <= 8 && D <= 128 && TileShape<F, D>::kRingStepTiles % 2 == 0) {
-    k.fn_packed = decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf, true, kTL>;
-    k.fn_producer_packed = decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer, true, kTL>;
+    k.fn_packed = decode_bulk_kernel<F, D, SM, kSelfCtas, Feed::kSelf, true, kTL, L2>;
+    k.fn_producer_packed = decode_bulk_kernel<F, D, SM, kProducerCtas, Feed::kProducer, true, kTL, L2>;
   }
   k.bulk = true;
   return k;
@@ -59,10 +60,10 @@ DecodeKernelFn register_instance() {
   k.warps = decode_warps(Path<F>::kBits, D);
   return k;
 }
-template <Format F, int D, ScaleMode SM, bool kTL = false>
+template <Format F, int D, ScaleMode SM, bool kTL = false, L2Policy L2 = L2Policy::kNormal>
 DecodeKernelFn decode_instance() {
   if constexpr (Path<F>::kBits <= 8) {
-    return bulk_instance<F, D, SM, kTL>();
+    return bulk_instance<F, D, SM, kTL, L2>();
   } else {
     return register_instance<F, D, SM, kTL>();
   }
@@ -70,12 +71,12 @@ DecodeKernelFn decode_instance() {
 
 // The instances of a scaled format (per-tensor scale, or per-token / per-block scales); one
 // translation unit per format instantiates them.
-template <Format F, bool kTL = false>
+template <Format F, bool kTL = false, L2Policy L2 = L2Policy::kNormal>
 DecodeKernelFn scaled_instances(int head_dim, ScaleMode sm) {
   auto pick = [sm](auto d) -> DecodeKernelFn {
     constexpr int D = decltype(d)::value;
-    if (sm == ScaleMode::kTensor) return decode_instance<F, D, ScaleMode::kTensor, kTL>();
-    if (sm == ScaleMode::kToken) return decode_instance<F, D, ScaleMode::kToken, kTL>();
+    if (sm == ScaleMode::kTensor) return decode_instance<F, D, ScaleMode::kTensor, kTL, L2>();
+    if (sm == ScaleMode::kToken) return decode_instance<F, D, ScaleMode::kToken, kTL, L2>();
     return {};
   };
   switch (head_dim) {
@@ -103,6 +104,11 @@ DecodeKernelFn decode_kernel_int8(int head_dim, ScaleMode sm);
 DecodeKernelFn decode_kernel_int4(int head_dim, ScaleMode sm);
 // ring: the bulk-copy kernel where a 16-bit instance exists (head_dim 64, 128), else the register kernel.
 DecodeKernelFn decode_kernel_16bit(Format f, int head_dim, bool ring);
+// The instances of DecodePlan::l2_evict_first: the 8- and 4-bit formats' with every ring copy under the L2
+// evict_first policy (empty for other formats); one translation unit each, like the product's.
+DecodeKernelFn decode_kernel_evict_first_fp8(int head_dim, ScaleMode sm);
+DecodeKernelFn decode_kernel_evict_first_int8(int head_dim, ScaleMode sm);
+DecodeKernelFn decode_kernel_evict_first_int4(int head_dim, ScaleMode sm);
 // The instances that write DecodePlan::cta_timeline (kvq bench decode --timeline), for any of the formats above.
 DecodeKernelFn decode_kernel_timeline(Format f, int head_dim, ScaleMode sm, bool ring);
 MergeKernelFn decode_merge_kernel_for(int head_dim);

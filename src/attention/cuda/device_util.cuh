@@ -109,12 +109,26 @@ __device__ __forceinline__ void fence_proxy_async_smem() { asm volatile("fence.p
 // them with warp-uniform operands and one lane (elect.sync) issues each: the copy then takes its operands
 // from uniform registers as they are. Called from one lane (`if (lane == 0)`), every copy sat in a loop
 // over the active lanes that moved its operands there (docs/GPU_NOTES.md §19).
+// L2Policy::kEvictFirst: the copy's lines carry an L2 evict_first policy, so bytes read once per decode step
+// leave L2 before lines that other CTAs still read (DecodePlan::l2_evict_first; docs/GPU_NOTES.md §31-§33). A
+// template parameter, not a run-time choice: a branch per copy added 2-10% instructions to int4's kernels (§32).
+enum class L2Policy { kNormal, kEvictFirst };
+template <L2Policy L2 = L2Policy::kNormal>
 __device__ __forceinline__ void warp_bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile(
-      "{\n\t.reg .pred p;\n\telect.sync _|p, 0xffffffff;\n\t"
-      "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n\t}\n" ::"r"(dst),
-      "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar)
-      : "memory");
+  if constexpr (L2 == L2Policy::kEvictFirst) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t.reg .b64 pol;\n\telect.sync _|p, 0xffffffff;\n\t"
+        "createpolicy.fractional.L2::evict_first.b64 pol, 1.0;\n\t"
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], pol;\n\t}\n" ::"r"(dst),
+        "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\telect.sync _|p, 0xffffffff;\n\t"
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n\t}\n" ::"r"(dst),
+        "l"(__cvta_generic_to_global(src)), "r"(bytes), "r"(bar)
+        : "memory");
+  }
 }
 __device__ __forceinline__ void warp_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile(

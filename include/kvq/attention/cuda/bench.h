@@ -75,6 +75,7 @@ struct DecodeBenchOptions {
   int spread_sink = -1;   // DecodeOptions::spread_sink (-1: the planner's choice)
   int overlap_merge = -1;  // DecodeOptions::overlap_merge (-1: the planner's choice)
   int sink_in_ring = -1;   // DecodeOptions::sink_in_ring (-1: the planner's choice)
+  int l2_evict_first = -1;  // DecodeOptions::l2_evict_first (-1: the planner's choice)
   bool timeline = false;  // one more cold run per case with DecodePlan::cta_timeline (DecodeBenchRow::timeline)
   int timeline_runs = 1;  // with timeline: that many cold runs, each summarised (Timeline::runs), the first in full
   uint64_t seed = 1;
@@ -101,6 +102,7 @@ struct DecodeBenchRow {
   int ring_stages = 0;        // bulk-copy kernel: pages in flight per CTA (0: the register kernel)
   bool producer_warp = false;  // 8- and 4-bit caches: the plan's ring feed
   bool packed_heads = false;   // 8- and 4-bit caches: the plan packs heads (DecodePlan::packed_heads)
+  bool l2_evict_first = false;  // 8- and 4-bit caches: the ring's copies under L2 evict_first (DecodePlan::l2_evict_first)
   double speedup_vs_bf16 = 0; // bf16 median / this median at the same block size (0 when bf16 was not run)
   // DecodeBenchOptions::timeline: the decode kernel's CTAs in one cold run (global timer, us after the
   // first CTA's start); the rest of us_median is launch latency and the split merge.

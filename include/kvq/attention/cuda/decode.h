@@ -64,6 +64,10 @@ struct DecodePlan {
                                // the ring ahead of the pages (else through the register path first)
   bool overlap_merge = false;  // several splits: the merge kernel is launched as a programmatic dependent of the
                                // decode (sm_90), so its launch overlaps the decode's last CTAs
+  bool l2_evict_first = false;  // 8- and 4-bit caches: every copy into the ring (codes, scales, sink tiles) carries an
+                                // L2 evict_first policy, in instances of their own (the default ones stay as they
+                                // are); chosen where the batch's pages outgrow L2 (docs/GPU_NOTES.md §33). The
+                                // timeline's instances (cta_timeline) have plain copies.
   // Diagnostics (kvq bench decode --timeline): when set, every CTA of the decode kernel writes
   // {start ns, end ns, SM id, main pages, main pages start ns, main pages end ns} (global timer; the last
   // two by warp 0, 0 for a CTA without work), then the ring kernel's ramp in steps {work and barriers
@@ -96,6 +100,8 @@ struct DecodeOptions {
                           // group is <= 4
   int overlap_merge = -1;  // 0: launch the split merge as a plain kernel, 1: overlap it (measurements); -1: choose
   int sink_in_ring = -1;   // 0: the sink through the register path (tests, measurements); -1: choose
+  int l2_evict_first = -1;  // 8- and 4-bit caches: 1 the ring's copies under L2 evict_first, 0 plain (tests,
+                            // measurements); -1: choose (DecodePlan::l2_evict_first)
 };
 
 // Shape/format checks that need no device access (kUnsupported / kInvalidArgument with a reason).
