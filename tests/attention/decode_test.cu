@@ -389,9 +389,9 @@ TEST(CudaDecodeApi, FeedAtHeadDim256FollowsTheFormat) {
   }
 }
 
-// The ring copies' L2 policy (DecodePlan::l2_evict_first): chosen for fp8 (both flavours) and int4 exactly
-// where the batch's pages, bounded by the table widths, outgrow the device's L2; never for int8 and 16-bit
-// caches; an explicit setting wins for 8- and 4-bit caches, and 16-bit caches have no such instances.
+// The ring copies' L2 policy (DecodePlan::l2_evict_first): chosen for 8- and 4-bit caches exactly where the
+// batch's pages, bounded by the table widths, outgrow the device's L2; an explicit setting wins for them;
+// 16-bit caches have no such instances.
 TEST(CudaDecodeApi, L2PolicyFollowsTheBatchBytes) {
   std::string why;
   if (!have_gpu(&why)) GTEST_SKIP() << why;
@@ -399,11 +399,11 @@ TEST(CudaDecodeApi, L2PolicyFollowsTheBatchBytes) {
   auto dummy = kc::DeviceBuffer::create(256);
   ASSERT_TRUE(dummy.is_ok());
   constexpr int kLen = 3840, kHkv = 8, kD = 128;  // with the 256-token sink, 4096 tokens per sequence
-  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt4, Format::kInt8, Format::kBf16}) {
+  for (Format f : {Format::kFp8E4m3, Format::kFp8E4m3Fnuz, Format::kInt4, Format::kInt8, Format::kBf16, Format::kFp16}) {
     const long long per_seq = 1LL * kHkv * (kLen + 256) * kD * 2 * format_traits(f).bits / 8;
     const int fits = static_cast<int>(static_cast<long long>(dev.l2_bytes) / per_seq);  // bytes <= L2
     ASSERT_GE(fits, 1) << "device L2 of " << dev.l2_bytes << " bytes";
-    const bool rule_format = f == Format::kFp8E4m3 || f == Format::kFp8E4m3Fnuz || f == Format::kInt4;
+    const bool rule_format = format_traits(f).bits <= 8;
     for (int bs : {16, 32}) {
       const std::string tag = std::string(format_name(f)) + " block " + std::to_string(bs);
       auto below = kc::plan(plan_only_args(dummy.value().as<uint8_t>(), f, fits, kHkv, 4 * kHkv, kD, bs, kLen), dev);

@@ -5,7 +5,7 @@
 #     producer-fed; the plan test of the rule by size);
 #  2. scripts/device_ab.sh, arms of `kvq bench decode`: off (KVQ_DECODE_L2_HINT=0, the default instances, the
 #     same code as main's), ef (1: every 8- and 4-bit case on the evict_first instances), auto (the plan's rule:
-#     fp8 and int4 where the batch's pages outgrow L2); bf16 / fp8 / int8 / int4, block 16 and 32, two rounds;
+#     8- and 4-bit caches where the batch's pages outgrow L2); bf16 / fp8 / int8 / int4, block 16 and 32, two rounds;
 #  3. compute-sanitizer memcheck on the decode tests.
 # L2_FORMATS (default bf16,fp8,int8,int4) and L2_MEMCHECK=0 shorten the call when little device time is left.
 # Build: kvq and test_attention_cuda with -DKVQ_CUDA=ON; pack: PACK_ONLY="kvq test_attention_cuda" PACK_BUNDLE=1

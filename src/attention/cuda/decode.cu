@@ -141,18 +141,17 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   // except when one split of the batch is a handful of CTAs (B1 x 8 kv heads: 54.8 vs 52.0 us),
   // where each CTA is one long chain and the register kernel's loads start sooner (docs/GPU_NOTES.md §16).
   p.ring_16bit = opts.ring_16bit >= 0 ? opts.ring_16bit == 1 : base >= std::max(dev.sm_count, 1) / 8;
-  // The ring's copies under L2 evict_first where the batch's pages (bounded by the table widths) outgrow L2:
-  // bytes read once per step then leave L2 first. On an H100 (L2 50 MiB) evict_first took 1-8% off every fp8 and
-  // int4 case of the bench whose pages outgrow L2 and cost 0-9% on every one whose pages fit (docs/GPU_NOTES.md
-  // §32, §33); int8 and 16-bit caches were not measured with it then.
+  // 8- and 4-bit caches: the ring's copies under L2 evict_first where the batch's pages (bounded by the table
+  // widths) outgrow L2, so bytes read once per step leave L2 first. On an H100 (L2 50 MiB, docs/GPU_NOTES.md §33)
+  // every fp8, int8 and int4 case of the bench above L2 took 0.90-1.00 of the plain copies' time (0.90-0.98 up to
+  // 3x L2), every one below it 0.99-1.08; bf16's arms, the same kernel, spread 0.984-1.005. 16-bit caches have no
+  // such instances.
   {
     const int bits = format_bits(a.geom.format);
     const double kv_bytes = static_cast<double>(std::max(a.tables.num_seqs, 0)) * a.geom.num_kv_heads * p.max_tokens *
                             a.geom.head_dim * 2 * bits / 8;
-    const bool rule_format = a.geom.format == Format::kFp8E4m3 || a.geom.format == Format::kFp8E4m3Fnuz ||
-                             a.geom.format == Format::kInt4;
-    const bool rule = rule_format && kv_bytes > static_cast<double>(dev.l2_bytes);
-    p.l2_evict_first = bits <= 8 && (opts.l2_evict_first >= 0 ? opts.l2_evict_first == 1 : rule);
+    p.l2_evict_first = bits <= 8 && (opts.l2_evict_first >= 0 ? opts.l2_evict_first == 1
+                                                               : kv_bytes > static_cast<double>(dev.l2_bytes));
   }
   const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit, false, p.l2_evict_first);
   p.packed_heads = kern.has_packed() && group <= 4 && opts.packed_heads != 0;
