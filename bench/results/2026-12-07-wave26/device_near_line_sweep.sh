@@ -24,11 +24,10 @@ run() {  # run NAME [VAR=VALUE...] -- [kvq args...]
     --shapes "$SHAPES" "$@" --json "$OUT/$name.json" >>"$OUT/sweep.log" 2>&1
   echo "$name rc=$? at $((SECONDS - t0)) s"
 }
-for s in 0 4 8 12 16 24 32 64; do
-  run "split${s}_auto" -- --splits $s
-  run "split${s}_off" KVQ_DECODE_L2_HINT=0 -- --splits $s
-done
+# Most telling first (the guard may cut the rest): the plan's L2 choice over splits, then ring depths, then plain copies.
+for s in 0 4 8 12 16 24 32 64; do run "split${s}_auto" -- --splits $s; done
 for st in 4 8 12 16; do run "stages${st}_auto" KVQ_DECODE_RING_STAGES=$st -- ; done
+for s in 0 4 8 12 16 24 32 64; do run "split${s}_off" KVQ_DECODE_L2_HINT=0 -- --splits $s; done
 python3 bench/results/2026-12-07-wave26/sweep_table.py "$OUT" | tee "$OUT/table.txt"
 tar czf "$FINAL/sweep.tgz" -C "$OUT" .
 cp "$OUT/table.txt" "$FINAL/table.txt"
