@@ -142,10 +142,10 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   // where each CTA is one long chain and the register kernel's loads start sooner (docs/GPU_NOTES.md §16).
   p.ring_16bit = opts.ring_16bit >= 0 ? opts.ring_16bit == 1 : base >= std::max(dev.sm_count, 1) / 8;
   // 8- and 4-bit caches: the ring's copies under L2 evict_first where the batch's pages (bounded by the table
-  // widths) outgrow L2, so bytes read once per step leave L2 first. On an H100 (L2 50 MiB, docs/GPU_NOTES.md §33)
-  // every fp8, int8 and int4 case of the bench above L2 took 0.90-1.00 of the plain copies' time (0.90-0.98 up to
-  // 3x L2), every one below it 0.99-1.08; bf16's arms, the same kernel, spread 0.984-1.005. 16-bit caches have no
-  // such instances.
+  // widths) outgrow L2, so bytes read once per step leave L2 first. On an H100 (L2 50 MiB, two runs,
+  // docs/GPU_NOTES.md §33) every fp8, int8 and int4 case of the bench above L2 took 0.90-1.00 of the plain copies'
+  // time (0.90-0.98 up to 3x L2), every one below it 0.99-1.08; bf16's arms, one kernel, spread 0.98-1.02. 16-bit
+  // caches have no such instances.
   {
     const int bits = format_bits(a.geom.format);
     const double kv_bytes = static_cast<double>(std::max(a.tables.num_seqs, 0)) * a.geom.num_kv_heads * p.max_tokens *

@@ -37,7 +37,7 @@ using MergeKernelFn = void (*)(const float*, const float*, int, float*, float*);
 // has at most 4 query heads) for the 8- and 4-bit formats at head_dim 64 and 128, whose softmax step
 // has an even number of tiles; 16-bit caches and head_dim 256 keep one instance per feed.
 // kTL: the instances that write DecodePlan::cta_timeline (decode_kernel_timeline), apart from the product's.
-// L2: L2Policy::kEvictFirst for the instances of DecodePlan::l2_evict_first (decode_kernel_evict_first).
+// L2: L2Policy::kEvictFirst for the instances of DecodePlan::l2_evict_first (decode_kernel_evict_first_*).
 template <Format F, int D, ScaleMode SM, bool kTL = false, L2Policy L2 = L2Policy::kNormal>
 DecodeKernelFn bulk_instance() {
   constexpr int W = decode_warps(Path<F>::kBits, D);
@@ -104,8 +104,8 @@ DecodeKernelFn decode_kernel_int8(int head_dim, ScaleMode sm);
 DecodeKernelFn decode_kernel_int4(int head_dim, ScaleMode sm);
 // ring: the bulk-copy kernel where a 16-bit instance exists (head_dim 64, 128), else the register kernel.
 DecodeKernelFn decode_kernel_16bit(Format f, int head_dim, bool ring);
-// The instances of DecodePlan::l2_evict_first: the 8- and 4-bit formats' with every ring copy under the L2
-// evict_first policy (empty for other formats); one translation unit each, like the product's.
+// The instances of DecodePlan::l2_evict_first: the 8- and 4-bit formats' kernels with every ring copy under the
+// L2 evict_first policy; one translation unit each, like the product's.
 DecodeKernelFn decode_kernel_evict_first_fp8(int head_dim, ScaleMode sm);
 DecodeKernelFn decode_kernel_evict_first_int8(int head_dim, ScaleMode sm);
 DecodeKernelFn decode_kernel_evict_first_int4(int head_dim, ScaleMode sm);
