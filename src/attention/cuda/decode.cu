@@ -25,22 +25,17 @@ ScaleMode scale_mode(const cache::CacheGeometry& g) {
 detail::DecodeKernelFn kernel_for(const cache::CacheGeometry& g, bool ring_16bit = true, bool timeline = false,
                                   bool evict_first = false) {
   if (timeline) return detail::decode_kernel_timeline(g.format, g.head_dim, scale_mode(g), ring_16bit);
-  if (evict_first) {
-    switch (g.format) {
-      case Format::kFp8E4m3:
-      case Format::kFp8E4m3Fnuz: return detail::decode_kernel_evict_first_fp8(g.head_dim, scale_mode(g));
-      case Format::kInt8: return detail::decode_kernel_evict_first_int8(g.head_dim, scale_mode(g));
-      case Format::kInt4: return detail::decode_kernel_evict_first_int4(g.head_dim, scale_mode(g));
-      default: return {};
-    }
-  }
+  const ScaleMode sm = scale_mode(g);
   switch (g.format) {
     case Format::kBf16:
     case Format::kFp16: return detail::decode_kernel_16bit(g.format, g.head_dim, ring_16bit);
     case Format::kFp8E4m3:
-    case Format::kFp8E4m3Fnuz: return detail::decode_kernel_fp8(g.head_dim, scale_mode(g));
-    case Format::kInt8: return detail::decode_kernel_int8(g.head_dim, scale_mode(g));
-    case Format::kInt4: return detail::decode_kernel_int4(g.head_dim, scale_mode(g));
+    case Format::kFp8E4m3Fnuz:
+      return evict_first ? detail::decode_kernel_evict_first_fp8(g.head_dim, sm) : detail::decode_kernel_fp8(g.head_dim, sm);
+    case Format::kInt8:
+      return evict_first ? detail::decode_kernel_evict_first_int8(g.head_dim, sm) : detail::decode_kernel_int8(g.head_dim, sm);
+    case Format::kInt4:
+      return evict_first ? detail::decode_kernel_evict_first_int4(g.head_dim, sm) : detail::decode_kernel_int4(g.head_dim, sm);
     default: return {};
   }
 }
@@ -147,11 +142,11 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   // time (0.90-0.98 up to 3x L2), every one below it 0.99-1.08; bf16's arms, one kernel, spread 0.98-1.02. 16-bit
   // caches have no such instances.
   {
-    const int bits = format_bits(a.geom.format);
-    const double kv_bytes = static_cast<double>(std::max(a.tables.num_seqs, 0)) * a.geom.num_kv_heads * p.max_tokens *
-                            a.geom.head_dim * 2 * bits / 8;
-    p.l2_evict_first = bits <= 8 && (opts.l2_evict_first >= 0 ? opts.l2_evict_first == 1
-                                                               : kv_bytes > static_cast<double>(dev.l2_bytes));
+    // K and V pages of every table entry (main and sink, both counted in the cache's format).
+    const double kv_bytes = 2.0 * std::max(a.tables.num_seqs, 0) * (a.tables.max_blocks + a.tables.max_sink_blocks) *
+                            static_cast<double>(a.geom.bytes_per_page());
+    p.l2_evict_first = format_bits(a.geom.format) <= 8 && (opts.l2_evict_first >= 0 ? opts.l2_evict_first == 1
+                                                                                    : kv_bytes > static_cast<double>(dev.l2_bytes));
   }
   const detail::DecodeKernelFn kern = kernel_for(a.geom, p.ring_16bit, false, p.l2_evict_first);
   p.packed_heads = kern.has_packed() && group <= 4 && opts.packed_heads != 0;
