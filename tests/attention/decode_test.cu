@@ -19,6 +19,7 @@
 #include "kvq/attention/cpu.h"
 #include "kvq/attention/cuda/decode.h"
 #include "kvq/attention/cuda/device_cache.h"
+#include "kvq/attention/cuda/write.h"
 #include "kvq/common/cuda_device.h"
 #include "testing/attention_testing.h"
 #include "testing/cases.h"
@@ -520,6 +521,97 @@ TEST(CudaDecodeApi, RunIsGraphCapturable) {
   cudaGraphExecDestroy(ge);
   cudaGraphDestroy(g);
   cudaStreamDestroy(s);
+}
+
+// DecodePlan::overlap_previous: the decode launched as a programmatic dependent of the cache write before it (the
+// engine's order; the write lets its dependents launch at its start) reads the pages only after the write: it
+// sees the new token (its output moves), and gives the bits of a plain launch after a synchronised write -- on the
+// stream and as a captured graph of the two, with a ring plan of several splits and with the register kernel.
+TEST(CudaDecodeApi, OverlappedDecodeSeesTheWriteBeforeIt) {
+  std::string why;
+  if (!have_gpu(&why)) GTEST_SKIP() << why;
+  const CudaDeviceInfo dev = cuda_device_info().value();
+  for (Format f : {Format::kFp8E4m3, Format::kBf16}) {
+    SCOPED_TRACE(format_name(f));
+    SmallDecode x;
+    ASSERT_OK(make_small_decode(x, f, f == Format::kBf16 ? 256 : 128));  // bf16 D256: the register kernel
+    const DecodeArgs& a = x.a;
+    kc::DecodeOptions o;
+    o.force_splits = 5;
+    auto overlapped = kc::plan(a, dev, o);
+    o.overlap_previous = 0;
+    auto plain = kc::plan(a, dev, o);
+    ASSERT_TRUE(overlapped.is_ok() && plain.is_ok());
+    EXPECT_EQ(overlapped.value().overlap_previous, dev.cc_major >= 9);
+    EXPECT_FALSE(plain.value().overlap_previous);
+    auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(a, overlapped.value()), 16));
+    ASSERT_TRUE(ws.is_ok());
+    auto decode = [&](const kc::DecodePlan& p, cudaStream_t s, std::vector<float>& out) {
+      ASSERT_OK(x.out->fill_byte(0xFF));
+      ASSERT_OK(kc::run(a, p, ws.value().get(), s));
+      ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+      out.resize(x.n_out);
+      ASSERT_OK(x.out->download(out.data(), out.size() * 4));
+    };
+    // The new token of each sequence: large random rows into its last main slot (the lengths stay).
+    const auto tables = x.sc.cache->batch_tables(x.sc.seqs);
+    const int n = static_cast<int>(x.sc.seqs.size()), bs = a.geom.block_size;
+    const size_t row = static_cast<size_t>(a.geom.num_kv_heads) * a.geom.head_dim;
+    std::vector<int32_t> slots(n);
+    for (int b = 0; b < n; ++b) {
+      const int main = tables.seq_lens[b] - tables.sink_lens[b];
+      ASSERT_GT(main, 0);
+      slots[b] = cache::encode_main_slot(tables.block_tables[static_cast<size_t>(b) * tables.max_blocks + (main - 1) / bs],
+                                         (main - 1) % bs, bs);
+    }
+    std::vector<float> rows(n * row);
+    std::mt19937_64 rng(17);
+    std::normal_distribution<float> nd(0.f, 6.f);
+    for (float& v : rows) v = nd(rng);
+    auto dslots = kc::DeviceBuffer::create(slots.size() * 4), dk = kc::DeviceBuffer::create(rows.size() * 4);
+    ASSERT_TRUE(dslots.is_ok() && dk.is_ok());
+    ASSERT_OK(dslots.value().upload(slots.data(), slots.size() * 4));
+    ASSERT_OK(dk.value().upload(rows.data(), rows.size() * 4));
+    kc::WriteArgs w;
+    w.geom = a.geom, w.layer = a.layer;
+    w.k_block_amax = x.layer->k_block_amax(), w.v_block_amax = x.layer->v_block_amax();
+    w.k = w.v = dk.value().get();
+    w.input = kc::InputType::kFp32;
+    w.num_tokens = n;
+    w.slot_mapping = dslots.value().as<int32_t>();
+    auto wws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(w), 16));
+    ASSERT_TRUE(wws.is_ok());
+
+    cudaStream_t s;
+    ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+    std::vector<float> before, after_overlapped, after_plain, replayed;
+    decode(plain.value(), s, before);
+    ASSERT_OK(kc::run(w, wws.value().get(), s));  // no synchronisation: the decode's CTAs may start during it
+    decode(overlapped.value(), s, after_overlapped);
+    decode(plain.value(), s, after_plain);
+    EXPECT_EQ(std::memcmp(after_overlapped.data(), after_plain.data(), x.n_out * 4), 0);
+    EXPECT_NE(std::memcmp(before.data(), after_plain.data(), x.n_out * 4), 0) << "the new token changed nothing";
+
+    // The same two as one captured graph (a programmatic edge between the nodes); the write is idempotent.
+    cudaGraph_t g;
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    const Status ws_st = kc::run(w, wws.value().get(), s);
+    const Status ds_st = kc::run(a, overlapped.value(), ws.value().get(), s);
+    ASSERT_EQ(cudaStreamEndCapture(s, &g), cudaSuccess);
+    ASSERT_OK(ws_st);
+    ASSERT_OK(ds_st);
+    cudaGraphExec_t ge;
+    ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+    ASSERT_OK(x.out->fill_byte(0xFF));
+    for (int i = 0; i < 3; ++i) ASSERT_EQ(cudaGraphLaunch(ge, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    replayed.resize(x.n_out);
+    ASSERT_OK(x.out->download(replayed.data(), replayed.size() * 4));
+    EXPECT_EQ(std::memcmp(replayed.data(), after_plain.data(), x.n_out * 4), 0);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+  }
 }
 
 // DecodePlan::cta_timeline (kvq bench decode --timeline) only observes: every CTA of the decode kernel

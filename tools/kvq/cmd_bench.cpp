@@ -39,6 +39,7 @@ struct BenchCliOptions {
   int splits = 0;
   bool timeline = false;  // per case: the decode kernel's CTA start/end times in one more cold run
   int timeline_runs = 1;  // ... in that many cold runs, each summarised
+  bool with_write = false;  // per case also the engine's attention step: a one-token write, then the decode
   // write
   CacheCliOptions write_cache;
   int tokens = 16384, heads = 8, head_dim = 128;
@@ -201,6 +202,9 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
     if (const char* env = std::getenv("KVQ_DECODE_SINK_RING")) d.sink_in_ring = std::atoi(env) == 0 ? 0 : -1;
     // And for the ring copies' L2 policy (§32, §33): 0 plain copies, 1 evict_first (8- and 4-bit caches).
     if (const char* env = std::getenv("KVQ_DECODE_L2_HINT")) d.l2_evict_first = std::atoi(env) == 0 ? 0 : 1;
+    // And for the decode's programmatic launch after the kernel before it (§34): 0 a plain launch.
+    if (const char* env = std::getenv("KVQ_DECODE_OVERLAP_PREVIOUS")) d.overlap_previous = std::atoi(env) == 0 ? 0 : -1;
+    d.with_write = o.with_write;
     d.timeline = o.timeline || o.timeline_runs > 1;
     d.timeline_runs = o.timeline_runs;
     d.timing = timing;
@@ -247,8 +251,25 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                      {"ring_feed", r.ring_stages == 0 ? "none" : r.producer_warp ? "producer" : "self"},
                      {"packed_heads", r.packed_heads},
                      {"l2_evict_first", r.l2_evict_first},
+                     {"overlap_previous", r.overlap_previous},
                      {"speedup_vs_bf16", r.speedup_vs_bf16},
                      {"time_vs_bf16", r.speedup_vs_bf16 > 0 ? 1.0 / r.speedup_vs_bf16 : 0.0}});
+    }
+    if (d.with_write) {
+      // The engine's attention step: write one token per sequence, then decode (one graph); "hidden" is the part
+      // of the write's and the decode's own times that the step does not add up to.
+      std::printf("\nattention step (write of one new token per sequence, then the decode; overlap: the decode launched"
+                  " as a programmatic dependent of the write)\n%-30s %-13s %3s %7s %10s %10s %10s %8s\n",
+                  "shape", "format", "bs", "overlap", "write_us", "decode_us", "step_us", "hidden");
+      for (size_t i = 0; i < rows.value().size(); ++i) {
+        const auto& r = rows.value()[i];
+        if (r.step_us <= 0) continue;
+        std::printf("%-30s %-13s %3d %7s %10.2f %10.2f %10.2f %8.2f\n", r.shape.label().c_str(), format_name(r.format),
+                    r.block_size, r.overlap_previous ? "yes" : "no", r.write_us, r.us_median, r.step_us,
+                    r.write_us + r.us_median - r.step_us);
+        arr[i]["write_us"] = r.write_us;
+        arr[i]["step_us"] = r.step_us;
+      }
     }
     if (d.timeline) {
       std::printf("\ndecode kernel CTAs in one cold run (us after the first CTA's start; the rest of the median is launch"
@@ -424,6 +445,9 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
                   "clock (which of a case's runs are slow, and why)")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  dec->add_flag("--with-write", opt->with_write,
+                "Also time each case as the engine's attention step: the cache write of one new token per sequence, "
+                "then the decode, in one graph (and the write alone)");
   dec->callback([which] { *which = 1; });
   CLI::App* wr = sub->add_subcommand("write", "Quantize + scatter of new K/V rows into pages");
   add_common(wr, *opt);

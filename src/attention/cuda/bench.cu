@@ -499,6 +499,48 @@ Result<double> time_same_bytes_read(size_t bytes, const BenchTiming& timing, Dev
   return time_read_stream(src.value(), src.value().size() / 16, sink.value(), kSameBytesVariants, timing, &flush, dev);
 }
 
+// The engine's attention step on the case's cache: the write of one new token per sequence (fp32 rows into the
+// sequence's last main slot, so the decode's lengths stay the case's) alone, and followed by the decode in one
+// graph; the medians of both (us). With DecodePlan::overlap_previous the decode's launch overlaps the write.
+Result<std::pair<double, double>> time_write_and_decode(const DecodeArgs& a, const DecodePlan& plan, DeviceBuffer& dws,
+                                                        const std::vector<int32_t>& bt, int max_blocks, int main_tokens,
+                                                        float* k_amax, float* v_amax, const DecodeBenchOptions& o,
+                                                        DeviceBuffer& flush, std::mt19937_64& rng) {
+  const cache::CacheGeometry& g = a.geom;
+  const int n = a.tables.num_seqs, bs = g.block_size;
+  std::vector<int32_t> slots(static_cast<size_t>(n));
+  for (int b = 0; b < n; ++b)
+    slots[b] = cache::encode_main_slot(bt[static_cast<size_t>(b) * max_blocks + (main_tokens - 1) / bs], (main_tokens - 1) % bs, bs);
+  const size_t elems = static_cast<size_t>(n) * g.num_kv_heads * g.head_dim;
+  std::vector<float> rows(elems);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (float& x : rows) x = nd(rng);
+  auto dslots = DeviceBuffer::create(slots.size() * 4);
+  auto dk = DeviceBuffer::create(elems * 4), dv = DeviceBuffer::create(elems * 4);
+  if (!dslots.is_ok() || !dk.is_ok() || !dv.is_ok()) return out_of_memory("bench: the step's write rows");
+  KVQ_RETURN_IF_ERROR(dslots.value().upload(slots.data(), slots.size() * 4));
+  KVQ_RETURN_IF_ERROR(dk.value().upload(rows.data(), elems * 4));
+  KVQ_RETURN_IF_ERROR(dv.value().upload(rows.data(), elems * 4));
+  WriteArgs w;
+  w.geom = g;
+  w.layer = a.layer;
+  w.k_block_amax = k_amax, w.v_block_amax = v_amax;
+  w.k = dk.value().get(), w.v = dv.value().get();
+  w.input = InputType::kFp32;
+  w.num_tokens = n;
+  w.slot_mapping = dslots.value().as<int32_t>();
+  auto wws = DeviceBuffer::create(std::max<size_t>(workspace_size(w), 16));
+  if (!wws.is_ok()) return wws.status();
+  auto write_only = time_work(o.timing, &flush, [&](cudaStream_t s) { return run(w, wws.value().get(), s); });
+  if (!write_only.is_ok()) return write_only.status();
+  auto step = time_work(o.timing, &flush, [&](cudaStream_t s) {
+    KVQ_RETURN_IF_ERROR(run(w, wws.value().get(), s));
+    return run(a, plan, dws.get(), s);
+  });
+  if (!step.is_ok()) return step.status();
+  return std::make_pair(write_only->median, step->median);
+}
+
 Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs, const DecodeBenchOptions& o,
                                         DeviceBuffer& flush, const CudaDeviceInfo& dev) {
   if (sh.batch < 1 || sh.num_q_heads < 1 || sh.num_kv_heads < 1 || sh.head_dim < 1 || sh.seq_len < 1 ||
@@ -577,6 +619,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   dopts.overlap_merge = o.overlap_merge;
   dopts.sink_in_ring = o.sink_in_ring;
   dopts.l2_evict_first = o.l2_evict_first;
+  dopts.overlap_previous = o.overlap_previous;
   auto plan = cuda::plan(a, dev, dopts);
   if (!plan.is_ok()) return plan.status();
   row.splits = plan->num_splits;
@@ -586,12 +629,19 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   row.producer_warp = plan->producer_warp;
   row.packed_heads = plan->packed_heads;
   row.l2_evict_first = plan->l2_evict_first;
+  row.overlap_previous = plan->overlap_previous;
   auto ws = DeviceBuffer::create(std::max<size_t>(workspace_size(a, plan.value()), 16));
   if (!ws.is_ok()) return ws.status();
 
   auto stats = time_work(o.timing, &flush, [&](cudaStream_t s) { return run(a, plan.value(), ws.value().get(), s); });
   if (!stats.is_ok()) return stats.status();
   row.us_median = stats->median, row.us_min = stats->min, row.us_max = stats->max, row.us_replays = stats->us_each;
+  if (o.with_write && main_tokens > 0) {
+    auto step = time_write_and_decode(a, plan.value(), ws.value(), bt, max_blocks, main_tokens,
+                                      layer.value().k_block_amax(), layer.value().v_block_amax(), o, flush, rng);
+    if (!step.is_ok()) return step.status();
+    row.write_us = step->first, row.step_us = step->second;
+  }
 
   const double b = sh.batch, hkv = sh.num_kv_heads, d = sh.head_dim;
   double bytes = b * main_tokens * hkv * d * elem_bytes(f) * 2 + b * sink * hkv * d * 2 * 2;

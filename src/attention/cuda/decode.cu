@@ -204,6 +204,10 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   // The merge's launch overlapped with the decode's last CTAs: 0.5-4.5% faster on the split shapes at head dim
   // 64 and 128, 1-7% slower at 256 (docs/GPU_NOTES.md §21).
   p.overlap_merge = dev.cc_major >= 9 && (opts.overlap_merge > 0 || (opts.overlap_merge < 0 && a.geom.head_dim <= 128));
+  // The decode itself as a programmatic dependent of the kernel before it (the engine's cache write, which lets
+  // its dependents launch at its start): the decode's launch and CTA setup overlap that kernel, and its kernels
+  // wait for it before their first read, so the choice needs no contract from the caller (GPU_NOTES §34).
+  p.overlap_previous = dev.cc_major >= 9 && opts.overlap_previous != 0;
   void (*const fn)(detail::DecodeParams) = kern.kernel(p.producer_warp, p.packed_heads);
   p.threads = kern.threads(p.producer_warp);
   if (kern.bulk) {
@@ -358,8 +362,16 @@ Status run(const DecodeArgs& a, const DecodePlan& p, void* workspace, Stream str
   if (grid.y > 65535) return unsupported("cuda decode: too many kv heads x head groups for one launch");
   void (*const fn)(detail::DecodeParams) = kern.kernel(p.producer_warp, p.packed_heads);
   if (timeline && kern.bulk) KVQ_RETURN_IF_ERROR(allow_dynamic_smem(fn, p.smem_bytes));  // plan() reserved the product's
-  fn<<<grid, p.threads, p.smem_bytes, stream>>>(k);
-  KVQ_RETURN_IF_ERROR(detail::launch_status("cuda decode kernel"));
+  {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid, cfg.blockDim = dim3(p.threads), cfg.dynamicSmemBytes = static_cast<size_t>(p.smem_bytes);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr, cfg.numAttrs = p.overlap_previous ? 1 : 0;
+    KVQ_RETURN_IF_ERROR(detail::cuda_status(cudaLaunchKernelEx(&cfg, fn, k), "cuda decode kernel"));
+  }
   if (p.num_splits > 1) {
     const int rows = a.tables.num_seqs * a.num_q_heads;
     // Programmatic dependent launch: the merge's CTAs may be scheduled once every decode CTA is past its

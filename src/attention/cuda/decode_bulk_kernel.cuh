@@ -560,6 +560,10 @@ __global__ void __launch_bounds__(bulk_threads<FD, decode_warps(Path<F>::kBits, 
   // Shared-window addresses of the barriers and the ring, converted once (the page loop passes them on).
   const uint32_t full_s = smem_u32(full), empty_s = smem_u32(empty), ring_s = smem_u32(ring);
 
+  // Launched as a programmatic dependent of the kernel before it (DecodePlan::overlap_previous: the engine's
+  // cache write), the CTAs are resident and their shared memory set up while that kernel runs; nothing is
+  // read before it has finished and its memory is visible. A no-op for a plain launch.
+  pdl_wait_primary();
   start_timeline<kTL>(p, sm);
   // The warp index through a shuffle of lane 0's: the compiler then knows it is warp-uniform, and so are
   // the ring stages, barriers and page addresses derived from it, which the bulk copies take in uniform

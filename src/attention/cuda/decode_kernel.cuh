@@ -13,6 +13,7 @@ template <Format F, int D, ScaleMode SM, int kMinCtas, bool kTL>
 __global__ void __launch_bounds__(decode_warps(Path<F>::kBits, D) * 32, kMinCtas) decode_kernel(const DecodeParams p) {
   constexpr int W = decode_warps(Path<F>::kBits, D);
   __shared__ DecodeSmem<D, W> sm;
+  pdl_wait_primary();  // DecodePlan::overlap_previous (as in the ring kernel)
   start_timeline<kTL>(p, sm);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const CtaWork place = cta_place(p);

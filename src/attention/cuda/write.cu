@@ -207,6 +207,9 @@ constexpr int kRowTokens = kFp32 ? 2 : 4;
 // shuffles need the whole warp); groups beyond the last whole column set only take part.
 template <Format F, int D, bool kFp32>
 __global__ void __launch_bounds__(kThreads) write_rows_kernel(const WriteParams p) {
+  // A decode launched after this write as its programmatic dependent (DecodePlan::overlap_previous) may
+  // set up its CTAs now; it waits for this grid's completion before it reads anything.
+  pdl_launch_dependents();
   constexpr int L = D / 16, kT = kRowTokens<kFp32>;
   const int cols = 2 * p.heads;
   const int g = (blockIdx.x * kThreads + static_cast<int>(threadIdx.x)) / L, part = threadIdx.x % L;
@@ -304,6 +307,7 @@ __global__ void tensor_scale_finalize_kernel(const WriteParams p, Format f) {
 // (block 32, or D 256 / fp32 rows) is read again (from L2).
 template <Format F, int D, bool kFp32>
 __global__ void __launch_bounds__(kThreads, 4) write_segments_kernel(const WriteParams p) {
+  pdl_launch_dependents();  // as in write_rows_kernel
   constexpr int L = D / 16, kRowsPerPass = 32 / L;
   // Rows in registers per lane: <= 32 registers, so that 4 CTAs (16 warps) fit on an SM without spills.
   constexpr int kMaxPass = std::min(std::max(16 / kRowsPerPass, 1), kFp32 ? 2 : 4);

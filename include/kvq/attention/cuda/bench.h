@@ -76,6 +76,11 @@ struct DecodeBenchOptions {
   int overlap_merge = -1;  // DecodeOptions::overlap_merge (-1: the planner's choice)
   int sink_in_ring = -1;   // DecodeOptions::sink_in_ring (-1: the planner's choice)
   int l2_evict_first = -1;  // DecodeOptions::l2_evict_first (-1: the planner's choice)
+  int overlap_previous = -1;  // DecodeOptions::overlap_previous (-1: the planner's choice)
+  // Also time each case as the engine's attention step: the cache write of one new token per sequence (fp32
+  // rows, into the sequence's last slot) and then the decode, in one graph (DecodeBenchRow::step_us), and the
+  // write alone (write_us).
+  bool with_write = false;
   bool timeline = false;  // one more cold run per case with DecodePlan::cta_timeline (DecodeBenchRow::timeline)
   int timeline_runs = 1;  // with timeline: that many cold runs, each summarised (Timeline::runs), the first in full
   uint64_t seed = 1;
@@ -103,6 +108,8 @@ struct DecodeBenchRow {
   bool producer_warp = false;  // 8- and 4-bit caches: the plan's ring feed
   bool packed_heads = false;   // 8- and 4-bit caches: the plan packs heads (DecodePlan::packed_heads)
   bool l2_evict_first = false;  // 8- and 4-bit caches: the ring's copies under L2 evict_first (DecodePlan::l2_evict_first)
+  bool overlap_previous = false;  // the decode launched as a programmatic dependent (DecodePlan::overlap_previous)
+  double write_us = 0, step_us = 0;  // DecodeBenchOptions::with_write: the write alone, the write and the decode (0: not run)
   double speedup_vs_bf16 = 0; // bf16 median / this median at the same block size (0 when bf16 was not run)
   // DecodeBenchOptions::timeline: the decode kernel's CTAs in one cold run (global timer, us after the
   // first CTA's start); the rest of us_median is launch latency and the split merge.
