@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # wave 27, device call 2: the decode as a programmatic dependent of the cache write before it
 # (DecodePlan::overlap_previous, GPU_NOTES §34), measured as arms of one binary:
-#  1. test_attention_cuda (all, incl. CudaDecodeApi.OverlappedDecodeSeesTheWriteBeforeIt), test_backend (the CUDA
-#     engine against the CPU engine on stories260K, carried in .device/shared) and memcheck on the decode tests
-#     (scripts/device_ab.sh);
+#  1. test_attention_cuda (all, incl. CudaDecodeApi.OverlappedDecodeSeesTheWriteBeforeIt), test_backend where
+#     packed (the CUDA engine against the CPU engine on stories260K, carried in .device/shared) and memcheck on the
+#     decode tests (scripts/device_ab.sh);
 #  2. `kvq bench decode --with-write` (the one-token write, then the decode, in one graph), arms plain
 #     (KVQ_DECODE_OVERLAP_PREVIOUS=0) and overlap (the plan's default), bf16 / fp8 / int8 / int4, block 16, the
 #     nine shapes, two rounds alternating; step_table.py makes the step's table, device_ab.sh the decode's;
 #  3. what time is left: the near-line sweep of wave 26 (SWEEP_S).
-# Carry .device (PACK_ONLY="kvq test_attention_cuda test_backend" PACK_BUNDLE=1 scripts/device_engine.sh pack
-# build-cuda; then cp -r ../shared/models/stories260K .device/shared/models/).
+# Carry .device (PACK_ONLY="kvq test_attention_cuda" PACK_BUNDLE=1 scripts/device_engine.sh pack build-cuda; with
+# test_backend and ../shared/models/stories260K in .device/shared/models/ the carry was over the tool's 64 MiB).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 FINAL="${OUT:-/tmp/w27o}"; mkdir -p "$FINAL"
