@@ -13,19 +13,18 @@
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 FINAL="${OUT:-/tmp/w27o}"; mkdir -p "$FINAL"
-OUT=/tmp/w27-overlap; rm -rf "$OUT"; mkdir -p "$OUT"
+OUT=$FINAL/ab; mkdir -p "$OUT"  # under $FINAL: what a cut-off run wrote still comes back
 t0=$SECONDS
-S=$OUT/summary.txt
+S=$FINAL/summary.txt
 # test_backend's CUDA-engine tests (the engine's captured step now has the write -> decode programmatic edge)
 # read stories260K from the carried copy.
 [[ -d .device/shared/models/stories260K ]] && export KVQ_SHARED_DIR="$PWD/.device/shared"
 
-AB_TESTS=1 AB_ROUNDS=2 AB_ARMS="plain:KVQ_DECODE_OVERLAP_PREVIOUS=0 overlap:" AB_MEMCHECK='*Decode*' AB_MEMCHECK_S=100 \
+AB_TESTS=1 AB_ROUNDS=${OV_ROUNDS:-2} AB_ARMS="plain:KVQ_DECODE_OVERLAP_PREVIOUS=0 overlap:" AB_MEMCHECK="${OV_MEMCHECK-*Decode*}" AB_MEMCHECK_S=${OV_MEMCHECK_S:-100} \
   AB_FORMATS=${OV_FORMATS:-bf16,fp8,int8,int4} AB_BS=16 AB_ARGS="--with-write" OUT="$OUT" bash scripts/device_ab.sh >> "$S" 2>&1
-python3 bench/results/2026-12-07-wave27/step_table.py "$OUT" 2 plain overlap > "$OUT/step_table.txt" 2>&1
+python3 bench/results/2026-12-07-wave27/step_table.py "$OUT" ${OV_ROUNDS:-2} plain overlap > "$OUT/step_table.txt" 2>&1
 echo "overlap A/B done at $((SECONDS - t0)) s" >> "$S"
-cp "$S" "$OUT/step_table.txt" "$FINAL/"
-tar czf "$FINAL/overlap.tgz" -C "$OUT" .
+cp "$OUT/step_table.txt" "$FINAL/"
 if [[ ${SWEEP_S:-150} -gt 0 ]]; then
   OUT="$FINAL" SWEEP_S=${SWEEP_S:-150} bash bench/results/2026-12-07-wave26/device_near_line_sweep.sh > "$FINAL/sweep_console.txt" 2>&1
   echo "sweep done at $((SECONDS - t0)) s" >> "$FINAL/summary.txt"
