@@ -544,6 +544,11 @@ TEST(CudaDecodeApi, OverlappedDecodeSeesTheWriteBeforeIt) {
     ASSERT_TRUE(overlapped.is_ok() && plain.is_ok());
     EXPECT_EQ(overlapped.value().overlap_previous, dev.cc_major >= 9);
     EXPECT_FALSE(plain.value().overlap_previous);
+    // Chosen for plans of three or more splits only; 1 asks for it anyway (sm_90).
+    o.force_splits = 2, o.overlap_previous = -1;
+    EXPECT_FALSE(kc::plan(a, dev, o).value().overlap_previous);
+    o.overlap_previous = 1;
+    EXPECT_EQ(kc::plan(a, dev, o).value().overlap_previous, dev.cc_major >= 9);
     auto ws = kc::DeviceBuffer::create(std::max<size_t>(kc::workspace_size(a, overlapped.value()), 16));
     ASSERT_TRUE(ws.is_ok());
     auto decode = [&](const kc::DecodePlan& p, cudaStream_t s, std::vector<float>& out) {

@@ -204,10 +204,6 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   // The merge's launch overlapped with the decode's last CTAs: 0.5-4.5% faster on the split shapes at head dim
   // 64 and 128, 1-7% slower at 256 (docs/GPU_NOTES.md §21).
   p.overlap_merge = dev.cc_major >= 9 && (opts.overlap_merge > 0 || (opts.overlap_merge < 0 && a.geom.head_dim <= 128));
-  // The decode itself as a programmatic dependent of the kernel before it (the engine's cache write, which lets
-  // its dependents launch at its start): the decode's launch and CTA setup overlap that kernel, and its kernels
-  // wait for it before their first read, so the choice needs no contract from the caller (GPU_NOTES §34).
-  p.overlap_previous = dev.cc_major >= 9 && opts.overlap_previous != 0;
   void (*const fn)(detail::DecodeParams) = kern.kernel(p.producer_warp, p.packed_heads);
   p.threads = kern.threads(p.producer_warp);
   if (kern.bulk) {
@@ -285,12 +281,20 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   // One wave: every split's CTA runs at once and the slowest sets the time, so the sink (bf16 tiles on
   // the register path) is dealt over all splits; more waves absorb a few long CTAs, and a sink in
   // every split would add its load latency to every CTA (split_work.h, docs/GPU_NOTES.md §14).
-  auto set_spread_sink = [&] {
+  // Once the splits are known: the sink's spread, and whether the decode is launched as a programmatic dependent
+  // of the kernel before it (the engine's cache write, which lets its dependents launch at its start). Its
+  // kernels wait for that kernel before their first read, so the choice needs no contract from the caller. On
+  // an H100 the write + decode step took 0.965-1.004x with it where the plan has three or more splits (the short
+  // one-wave plans), but 1.05-1.08x on some one- and two-split plans, whose CTAs fill the SMs and were placed
+  // while the write's CTAs were still resident (docs/GPU_NOTES.md §34).
+  auto settle_split_choices = [&] {
     p.spread_sink = opts.spread_sink >= 0 ? opts.spread_sink == 1 : base * p.num_splits <= wave;
+    p.overlap_previous =
+        dev.cc_major >= 9 && (opts.overlap_previous > 0 || (opts.overlap_previous < 0 && p.num_splits >= 3));
   };
   if (opts.force_splits > 0 || p.split_pairs) {
     p.num_splits = p.split_pairs ? 1 : opts.force_splits;
-    set_spread_sink();
+    settle_split_choices();
     return p;
   }
   // Splits: as many as one wave of CTAs holds (sm_count x occupancy), at least 16 tiles each. The
@@ -303,7 +307,7 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   constexpr int kMinTilesPerSplit = 16, kMaxSplits = 256;
   const int s_max = std::clamp(max_tiles / kMinTilesPerSplit, 1, kMaxSplits);
   p.num_splits = static_cast<int>(std::clamp<long long>(wave / std::max<long long>(base, 1), 1, s_max));
-  set_spread_sink();
+  settle_split_choices();
   return p;
 }
 

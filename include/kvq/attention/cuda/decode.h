@@ -67,7 +67,8 @@ struct DecodePlan {
   bool overlap_previous = false;  // the decode is launched as a programmatic dependent of the kernel before it on
                                  // the stream (sm_90; in the engine, the cache write): its CTAs become resident
                                  // and set up while that kernel runs, and read nothing (lengths, tables, query,
-                                 // pages) until it has finished. Safe after any kernel, or none.
+                                 // pages) until it has finished. Safe after any kernel, or none. Chosen for
+                                 // plans of three or more splits (docs/GPU_NOTES.md §34).
   bool l2_evict_first = false;  // 8- and 4-bit caches: every copy into the ring (codes, scales, sink tiles) carries an
                                 // L2 evict_first policy, in instances of their own (the default ones stay as they
                                 // are); chosen where the batch's pages outgrow L2 (docs/GPU_NOTES.md §33). The
@@ -105,7 +106,7 @@ struct DecodeOptions {
   int overlap_merge = -1;  // 0: launch the split merge as a plain kernel, 1: overlap it (measurements); -1: choose
   int sink_in_ring = -1;   // 0: the sink through the register path (tests, measurements); -1: choose
   int overlap_previous = -1;  // 0: a plain launch after the kernel before it, 1: DecodePlan::overlap_previous
-                             // (sm_90; measurements); -1: choose (overlapped on sm_90 and newer)
+                             // (sm_90; measurements); -1: choose (sm_90 and newer, plans of three or more splits)
   int l2_evict_first = -1;  // 8- and 4-bit caches: 1 the ring's copies under L2 evict_first, 0 plain (tests,
                             // measurements); -1: choose (DecodePlan::l2_evict_first)
 };
