@@ -447,7 +447,7 @@ const RegisterCommand kRegister{Command{[](CLI::App& app) -> std::function<int()
       ->capture_default_str();
   dec->add_flag("--with-write", opt->with_write,
                 "Also time each case as the engine's attention step: the cache write of one new token per sequence, "
-                "then the decode, in one graph (and the write alone)");
+                "then the decode, in one graph (and the write alone); whole-byte formats (int4 has no such write kernel)");
   dec->callback([which] { *which = 1; });
   CLI::App* wr = sub->add_subcommand("write", "Quantize + scatter of new K/V rows into pages");
   add_common(wr, *opt);

@@ -636,7 +636,8 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   auto stats = time_work(o.timing, &flush, [&](cudaStream_t s) { return run(a, plan.value(), ws.value().get(), s); });
   if (!stats.is_ok()) return stats.status();
   row.us_median = stats->median, row.us_min = stats->min, row.us_max = stats->max, row.us_replays = stats->us_each;
-  if (o.with_write && main_tokens > 0) {
+  // int4 caches have no write kernel among these (the backend writes them through its generic kernels): no step.
+  if (o.with_write && main_tokens > 0 && format_bits(f) >= 8) {
     auto step = time_write_and_decode(a, plan.value(), ws.value(), bt, max_blocks, main_tokens,
                                       layer.value().k_block_amax(), layer.value().v_block_amax(), o, flush, rng);
     if (!step.is_ok()) return step.status();
