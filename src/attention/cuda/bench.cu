@@ -501,7 +501,8 @@ Result<double> time_same_bytes_read(size_t bytes, const BenchTiming& timing, Dev
 
 // The engine's attention step on the case's cache: the write of one new token per sequence (fp32 rows into the
 // sequence's last main slot, so the decode's lengths stay the case's) alone, and followed by the decode in one
-// graph; the medians of both (us). With DecodePlan::overlap_previous the decode's launch overlaps the write.
+// graph; the medians of both (us; 0 and 0 where the write kernels do not take the format). With
+// DecodePlan::overlap_previous the decode's launch overlaps the write.
 Result<std::pair<double, double>> time_write_and_decode(const DecodeArgs& a, const DecodePlan& plan, DeviceBuffer& dws,
                                                         const std::vector<int32_t>& bt, int max_blocks, int main_tokens,
                                                         float* k_amax, float* v_amax, const DecodeBenchOptions& o,
@@ -529,6 +530,10 @@ Result<std::pair<double, double>> time_write_and_decode(const DecodeArgs& a, con
   w.input = InputType::kFp32;
   w.num_tokens = n;
   w.slot_mapping = dslots.value().as<int32_t>();
+  // Formats the write kernels do not take (int4: the backend writes it through its generic kernels) get no step.
+  const Status writable = can_implement(w);
+  if (writable.code() == StatusCode::kUnsupported) return std::make_pair(0.0, 0.0);
+  KVQ_RETURN_IF_ERROR(writable);
   auto wws = DeviceBuffer::create(std::max<size_t>(workspace_size(w), 16));
   if (!wws.is_ok()) return wws.status();
   auto write_only = time_work(o.timing, &flush, [&](cudaStream_t s) { return run(w, wws.value().get(), s); });
@@ -636,8 +641,7 @@ Result<DecodeBenchRow> bench_decode_one(const DecodeShape& sh, Format f, int bs,
   auto stats = time_work(o.timing, &flush, [&](cudaStream_t s) { return run(a, plan.value(), ws.value().get(), s); });
   if (!stats.is_ok()) return stats.status();
   row.us_median = stats->median, row.us_min = stats->min, row.us_max = stats->max, row.us_replays = stats->us_each;
-  // int4 caches have no write kernel among these (the backend writes them through its generic kernels): no step.
-  if (o.with_write && main_tokens > 0 && format_bits(f) >= 8) {
+  if (o.with_write && main_tokens > 0) {
     auto step = time_write_and_decode(a, plan.value(), ws.value(), bt, max_blocks, main_tokens,
                                       layer.value().k_block_amax(), layer.value().v_block_amax(), o, flush, rng);
     if (!step.is_ok()) return step.status();

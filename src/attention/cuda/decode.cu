@@ -285,8 +285,8 @@ Result<DecodePlan> plan(const DecodeArgs& a, const CudaDeviceInfo& dev, const De
   // of the kernel before it (the engine's cache write, which lets its dependents launch at its start). Its
   // kernels wait for that kernel before their first read, so the choice needs no contract from the caller. On
   // an H100 the write + decode step took 0.965-1.004x with it where the plan has three or more splits (the short
-  // one-wave plans), but 1.05-1.08x on some one- and two-split plans, whose CTAs fill the SMs and were placed
-  // while the write's CTAs were still resident (docs/GPU_NOTES.md §34).
+  // one-wave plans), but 1.05-1.08x on some one- and two-split plans, whose CTAs fill the SMs (our reading, not
+  // measured per CTA: placed while the write's CTAs were still resident, they land unevenly; GPU_NOTES §34).
   auto settle_split_choices = [&] {
     p.spread_sink = opts.spread_sink >= 0 ? opts.spread_sink == 1 : base * p.num_splits <= wave;
     p.overlap_previous =
