@@ -12,12 +12,17 @@ FINAL="${OUT:-/tmp/w28v}"; mkdir -p "$FINAL"
 OUT=$FINAL/ab; mkdir -p "$OUT"
 S=$FINAL/summary.txt
 t0=$SECONDS
+if [[ ${V_AB:-1} == 1 ]]; then
 AB_TESTS=1 AB_ROUNDS=2 AB_ARMS="plain:KVQ_DECODE_OVERLAP_PREVIOUS=0 plan:" AB_MEMCHECK="${V_MEMCHECK-*Decode*}" \
   AB_MEMCHECK_S=${V_MEMCHECK_S:-100} AB_FORMATS=bf16,fp8,int8,int4 AB_BS=${V_BS:-16,32} AB_ARGS="--with-write" \
   OUT="$OUT" bash scripts/device_ab.sh >> "$S" 2>&1
 python3 bench/results/2026-12-07-wave27/step_table.py "$OUT" 2 plain plan > "$FINAL/step_table.txt" 2>&1
 echo "A/B done at $((SECONDS - t0)) s" >> "$S"
+else
+  source scripts/device_unpack.sh; kvq_unpack_device
+fi
 B=/tmp/kvq-bin/bin
+export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}"  # device_ab.sh unpacked it in its own shell
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [[ -n $CS && -n ${V_RACECHECK-1} ]]; then
   timeout 90 "$CS" --tool racecheck --error-exitcode 9 "$B/test_attention_cuda" --gtest_brief=1 \
@@ -35,4 +40,5 @@ for r in 1 2 3; do for m in 0 1; do
     --iters 30 --shapes "16,8,1,256,8192" --json "$FINAL/d256_merge${m}_$r.json" >> "$FINAL/d256_merge.log" 2>&1
 done; done
 echo "d256 merge arms done at $((SECONDS - t0)) s" >> "$S"
-cat "$S" "$FINAL/step_table.txt"
+tar czf "$FINAL/all.tgz" -C "$FINAL" --exclude all.tgz .  # the tool returns at most eight files
+cat "$S"; grep -A30 "decode kernel CTAs" "$FINAL/timeline.log" | head -40
