@@ -620,9 +620,10 @@ TEST(CudaDecodeApi, OverlappedDecodeSeesTheWriteBeforeIt) {
 }
 
 // DecodePlan::cta_timeline (kvq bench decode --timeline) only observes: every CTA of the decode kernel
-// writes its row (start <= end in the global timer, its SM, its SM clock over the CTA), and the output is
-// the same bits as without it -- although the timeline runs its own kernel instances (the product's have
-// no marks), for each kernel family: the self-fed and the producer-fed ring, packed heads, the register kernel.
+// writes its row (start <= end in the global timer, its SM, its SM clock over the CTA, the merge's steps in
+// order), and the output is the same bits as without it -- although the timeline runs its own kernel
+// instances (the product's have no marks), for each kernel family: the self-fed and the producer-fed ring,
+// packed heads, the register kernel.
 struct TimelineCase {
   Format format;
   int head_dim;
@@ -676,6 +677,9 @@ TEST_P(CudaDecodeTimeline, RecordsEveryCtaAndChangesNothing) {
         ASSERT_TRUE(r[4] >= r[0] && r[5] >= r[4] && r[1] >= r[5]) << "CTA " << i << ": pages outside the CTA";
       ASSERT_NE(r[11], 0u) << "CTA " << i;
       ASSERT_GT(r[12], r[11]) << "CTA " << i;
+      // The warps' merge in steps: every warp past its pages, their rows written, the heads' weights, the end.
+      ASSERT_TRUE(r[10] >= r[0] && r[13] >= r[10] && r[14] >= r[13] && r[1] >= r[14] && r[13] != 0)
+          << "CTA " << i << ": the merge's marks out of order or unset";
       // cycles per ns: an SM clock between 0.1 and 5 GHz
       const double ghz = static_cast<double>(r[12] - r[11]) / static_cast<double>(std::max(r[1] - r[0], 1ull));
       EXPECT_GT(ghz, 0.1) << "CTA " << i;

@@ -275,18 +275,21 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
       std::printf("\ndecode kernel CTAs in one cold run (us after the first CTA's start; the rest of the median is launch"
                   " and merge; ramp/pages/tail: a CTA's mean time to its first main page, in them, after them;\n"
                   " work/primed/query/item0: to its work and barriers, warp 0's first ring requests (self-fed rings), its"
-                  " query, warp 0's first ring item; warps: warp 0's last page to every warp's; mhz: the SMs' mean clock)\n"
-                  "%-30s %-13s %3s %6s %10s %8s %10s %9s %9s %9s %7s %7s %7s %6s %6s %6s %6s %6s %6s\n",
+                  " query, warp 0's first ring item; warps: warp 0's last page to every warp's; mhz: the SMs' mean clock;\n"
+                  " m_rows/m_heads/m_store: the tail after warps, in the warps' merge: rows to shared memory, heads' weights,"
+                  " merge and store)\n"
+                  "%-30s %-13s %3s %6s %10s %8s %10s %9s %9s %9s %7s %7s %7s %6s %6s %6s %6s %6s %6s %6s %7s %7s\n",
                   "shape", "format", "bs", "ctas", "median_us", "span", "last_start", "first_end", "med_end", "mean_cta",
-                  "ramp", "pages", "tail", "work", "primed", "query", "item0", "warps", "mhz");
+                  "ramp", "pages", "tail", "work", "primed", "query", "item0", "warps", "mhz", "m_rows", "m_heads", "m_store");
       for (size_t i = 0; i < rows.value().size(); ++i) {
         const auto& r = rows.value()[i];
         const auto& tl = r.timeline;
-        std::printf("%-30s %-13s %3d %6d %10.2f %8.2f %10.2f %9.2f %9.2f %9.2f %7.2f %7.2f %7.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.0f\n",
+        std::printf("%-30s %-13s %3d %6d %10.2f %8.2f %10.2f %9.2f %9.2f %9.2f %7.2f %7.2f %7.2f %6.2f %6.2f %6.2f %6.2f %6.2f %6.0f %6.2f %7.2f %7.2f\n",
                     r.shape.label().c_str(), format_name(r.format), r.block_size, tl.ctas, r.us_median, tl.span_us,
                     tl.last_start_us, tl.first_end_us, tl.median_end_us, tl.mean_cta_us, tl.mean_ramp_us,
                     tl.mean_pages_us, tl.mean_tail_us, tl.mean_work_us, tl.mean_primed_us, tl.mean_query_us,
-                    tl.mean_item0_us, tl.mean_warps_us, tl.mean_sm_mhz);
+                    tl.mean_item0_us, tl.mean_warps_us, tl.mean_sm_mhz, tl.mean_merge_rows_us,
+                    tl.mean_merge_heads_us, tl.mean_merge_store_us);
         arr[i]["timeline"] = {{"ctas", tl.ctas},
                               {"span_us", tl.span_us},
                               {"last_start_us", tl.last_start_us},
@@ -301,6 +304,9 @@ int run_bench(const BenchCliOptions& o, const CacheGrid& grid, const std::vector
                               {"mean_query_us", tl.mean_query_us},
                               {"mean_item0_us", tl.mean_item0_us},
                               {"mean_warps_us", tl.mean_warps_us},
+                              {"mean_merge_rows_us", tl.mean_merge_rows_us},
+                              {"mean_merge_heads_us", tl.mean_merge_heads_us},
+                              {"mean_merge_store_us", tl.mean_merge_store_us},
                               {"mean_sm_mhz", tl.mean_sm_mhz},
                               {"min_sm_mhz", tl.min_sm_mhz},
                               {"cta_start_us", tl.start_us},

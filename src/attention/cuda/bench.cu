@@ -400,7 +400,8 @@ DecodeBenchRow::Timeline reduce_timeline(const std::vector<unsigned long long>& 
   for (long long i = 0; i < n; ++i) t0 = std::min(t0, rows[i * kTimelineWords]);
   std::vector<double> ends(n);
   double dur = 0, ramp = 0, pages = 0, tail = 0, work = 0, query = 0, item0 = 0, warps = 0, primed = 0, mhz = 0;
-  long long with_pages = 0, with_marks = 0, with_primed = 0, with_clock = 0;
+  double rows_w = 0, heads = 0, store = 0;
+  long long with_pages = 0, with_marks = 0, with_primed = 0, with_clock = 0, with_merge = 0;
   std::vector<int> per_sm;  // CTAs per SM
   for (long long i = 0; i < n; ++i) {
     const unsigned long long* r = &rows[i * kTimelineWords];
@@ -418,6 +419,12 @@ DecodeBenchRow::Timeline reduce_timeline(const std::vector<unsigned long long>& 
         warps += 1e-3 * static_cast<double>(r[10] - r[5]);
         ++with_marks;
         if (r[7] >= r[0] && r[7] != 0) primed += 1e-3 * static_cast<double>(r[7] - r[0]), ++with_primed;
+        if (r[13] >= r[10] && r[14] >= r[13] && r[1] >= r[14] && r[13] != 0) {
+          rows_w += 1e-3 * static_cast<double>(r[13] - r[10]);
+          heads += 1e-3 * static_cast<double>(r[14] - r[13]);
+          store += 1e-3 * static_cast<double>(r[1] - r[14]);
+          ++with_merge;
+        }
       }
     }
     if (r[11] != 0 && r[12] > r[11] && r[1] > r[0]) {  // cycles per ns x 1000 = MHz
@@ -451,6 +458,10 @@ DecodeBenchRow::Timeline reduce_timeline(const std::vector<unsigned long long>& 
     tl.mean_work_us = work / m, tl.mean_query_us = query / m, tl.mean_item0_us = item0 / m, tl.mean_warps_us = warps / m;
   }
   if (with_primed > 0) tl.mean_primed_us = primed / static_cast<double>(with_primed);
+  if (with_merge > 0) {
+    const double m = static_cast<double>(with_merge);
+    tl.mean_merge_rows_us = rows_w / m, tl.mean_merge_heads_us = heads / m, tl.mean_merge_store_us = store / m;
+  }
   if (with_clock > 0) tl.mean_sm_mhz = mhz / static_cast<double>(with_clock);
   if (!per_sm.empty()) tl.max_ctas_per_sm = *std::max_element(per_sm.begin(), per_sm.end());
   return tl;

@@ -262,6 +262,7 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
     }
   }
   __syncthreads();
+  mark_timeline<kTL>(p, sm.marks.t_rows);
   // Per head, once: the maximum, the sum and each warp's weight (-1: a warp without tokens), in place of the
   // warps' m, l and mv (thread h alone touches head h's).
   if (threadIdx.x < w.valid_heads) {
@@ -280,6 +281,7 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
     sm.m[0][h] = M, sm.l[0][h] = L;
   }
   __syncthreads();
+  mark_timeline<kTL>(p, sm.marks.t_heads);
   for (int idx = threadIdx.x; idx < w.valid_heads * D; idx += blockDim.x) {
     const int h = idx / D, d = idx % D;
     const float M = sm.m[0][h], L = sm.l[0][h];

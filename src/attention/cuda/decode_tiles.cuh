@@ -80,6 +80,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
 // rate over the CTA (words 11-12; a replay that runs slow at a lower clock is then told from one that waits).
 struct DecodeSmemMarks {
   unsigned long long t_work, t_primed, t_query, t_item0, t_warps, c_start;
+  unsigned long long t_rows, t_heads;  // merge_and_store: the warps' rows written, the heads' weights known
 };
 // kTL: the kernel instance that writes the timeline (DecodeKernelFn: instances apart from the product's,
 // whose marks, though guarded by a run-time test, cost int4 up to 12% (H200) and spilled registers:
@@ -100,6 +101,7 @@ __device__ __forceinline__ void record_timeline(const DecodeParams& p, unsigned 
   const DecodeSmemMarks mk = marks != nullptr ? *marks : DecodeSmemMarks{};
   row[6] = mk.t_work, row[7] = mk.t_primed, row[8] = mk.t_query, row[9] = mk.t_item0, row[10] = mk.t_warps;
   row[11] = mk.c_start, row[12] = mk.c_start != 0 ? static_cast<unsigned long long>(clock64()) : 0ull;
+  row[13] = mk.t_rows, row[14] = mk.t_heads;
 }
 template <bool kTL>
 __device__ __forceinline__ void mark_timeline(const DecodeParams& p, unsigned long long& t) {

@@ -127,6 +127,9 @@ struct DecodeBenchRow {
     // known, query prepared, warp 0's first ring item arrived; and from warp 0's last page until every
     // warp is past its pages. primed: warp 0's first ring requests issued (self-fed rings only; 0 else).
     double mean_work_us = 0, mean_query_us = 0, mean_item0_us = 0, mean_warps_us = 0, mean_primed_us = 0;
+    // The tail after `warps`, in the warps' merge (0: not marked): writing their rows to shared memory, the
+    // heads' maxima, sums and weights, and the rows' merge and store to the CTA's end.
+    double mean_merge_rows_us = 0, mean_merge_heads_us = 0, mean_merge_store_us = 0;
     std::vector<double> start_us, end_us;  // per CTA (timeline index order)
     std::vector<int> sm;                   // the SM it ran on
     // The SM clock over the CTAs with work (their clock64 cycles per global-timer ns), mean and lowest.

@@ -78,13 +78,14 @@ struct DecodePlan {
   // two by warp 0, 0 for a CTA without work), then the ring kernel's ramp in steps {work and barriers
   // known, warp 0's prime issued, query prepared, warp 0's first ring item arrived, every warp past its
   // pages} (0 where a kernel does not mark them), then the SM clock (clock64) at the CTA's start and end
-  // (0 for a CTA without work), at index split + splits x (y + gridDim.y x seq); kTimelineWords words per
+  // (0 for a CTA without work), then the warps' merge in steps {their rows written, the heads' weights
+  // known} (ns; 0 for a CTA without work), at index split + splits x (y + gridDim.y x seq); kTimelineWords words per
   // CTA, cta_timeline_entries(plan) entries. Null in normal use. When set, run() launches separate instances
   // of the kernels with these marks compiled in (the product's have none: a run-time test of this pointer
   // alone cost int4 up to 12% on an H200, docs/GPU_NOTES.md §28), so a timed run is a few percent off.
   unsigned long long* cta_timeline = nullptr;
 };
-constexpr int kTimelineWords = 13;
+constexpr int kTimelineWords = 15;
 
 // Who refills the ring of the bulk-copy kernel. kAuto: a producer warp when fewer than
 // sm_count / 2 CTAs make up one split of the batch (sequences x kv heads x head groups), where every
