@@ -11,7 +11,8 @@
 #
 # Or arms of one binary that differ by a measurement knob (no base build): AB_ARMS="plan: self:KVQ_DECODE_RING_FEED=self
 # prod:KVQ_DECODE_RING_FEED=producer" -- NAME:VAR=VALUE[,VAR=VALUE] (none: the defaults), the first arm the base;
-# every arm runs kvq.
+# every arm runs kvq. Or several builds at once: AB_BINS="kvq_base kvq kvq_b" -- kvq binaries in /tmp/kvq-bin/bin
+# (kvq_base from .devbase/ when not there), the first the base.
 #
 # Environment: OUT (results), AB_TESTS (1: run test_attention_cuda and test_backend first), AB_FORMATS
 # (bf16,fp8,int8,int4), AB_BS (16), AB_ARGS (more `kvq bench decode` arguments, e.g. --shapes), AB_ROUNDS (2),
@@ -33,6 +34,10 @@ fi
 B=/tmp/kvq-bin/bin
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
 arms="${AB_ARMS:-}"
+if [[ -z $arms && -n ${AB_BINS:-} ]]; then  # several builds, each a kvq binary in $B (kvq_base first: the base)
+  for b in $AB_BINS; do arms+="$b: "; done
+  [[ $AB_BINS == kvq_base* && ! -x $B/kvq_base ]] && { base=$(ls .devbase/kvq_base.xz .devbase/kvq_base.gz 2>/dev/null | head -1); [[ -n $base ]] && kvq_unpack_file "$base" $B/kvq_base && chmod +x $B/kvq_base; }
+fi
 if [[ -z $arms ]]; then
   if [[ ! -x $B/kvq_base ]]; then  # not in a PACK_BASE bundle: carried in .devbase/
     base=$(ls .devbase/kvq_base.xz .devbase/kvq_base.gz 2>/dev/null | head -1)
@@ -55,6 +60,7 @@ for round in $(seq 1 "$rounds"); do
     name=${arm%%:*} vars=${arm#*:}
     bin=$B/kvq
     [[ -z ${AB_ARMS:-} ]] && bin=$B/$name
+    [[ -x $bin ]] || { echo "arm $name: no $bin" >&2; continue; }
     echo "=== $name ($vars) round $round" >>"$OUT/ab.log"
     # shellcheck disable=SC2086
     env ${vars//,/ } "$bin" bench decode --backend cuda --kv-cache-dtype "${AB_FORMATS:-bf16,fp8,int8,int4}" \

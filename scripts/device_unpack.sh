@@ -30,3 +30,19 @@ kvq_unpack_device() {
   chmod +x /tmp/kvq-bin/bin/* 2>/dev/null
   export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}"
 }
+
+# kvq_device_prelude DEFAULT_OUT: the preamble every device script repeated (call it from the repository root):
+# FINAL = $OUT (the tool's folder) or DEFAULT_OUT, created; the carried .device/ unpacked, or, when none was
+# carried, an earlier call's /tmp/kvq-bin on the same warm machine; B = the binaries' folder; the card's name and
+# driver in $FINAL/gpu.txt and GPU_NAME.
+kvq_device_prelude() {
+  FINAL="${OUT:-$1}"
+  mkdir -p "$FINAL"
+  if ! kvq_unpack_device; then
+    [[ -x /tmp/kvq-bin/bin/kvq ]] || { echo "no .device/ carried and no earlier call's /tmp/kvq-bin" >&2; return 2; }
+    export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}"
+  fi
+  B=/tmp/kvq-bin/bin
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$FINAL/gpu.txt" 2>&1
+  GPU_NAME=$(head -1 "$FINAL/gpu.txt" | cut -d, -f1)
+}
