@@ -34,17 +34,13 @@ fi
 B=/tmp/kvq-bin/bin
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
 arms="${AB_ARMS:-}"
-if [[ -z $arms && -n ${AB_BINS:-} ]]; then  # several builds, each a kvq binary in $B (kvq_base first: the base)
-  for b in $AB_BINS; do arms+="$b: "; done
-  [[ $AB_BINS == kvq_base* && ! -x $B/kvq_base ]] && { base=$(ls .devbase/kvq_base.xz .devbase/kvq_base.gz 2>/dev/null | head -1); [[ -n $base ]] && kvq_unpack_file "$base" $B/kvq_base && chmod +x $B/kvq_base; }
-fi
-if [[ -z $arms ]]; then
-  if [[ ! -x $B/kvq_base ]]; then  # not in a PACK_BASE bundle: carried in .devbase/
+if [[ -z $arms ]]; then  # builds, each a kvq binary in $B, the first the base (AB_BINS, or main's kvq_base and kvq)
+  for b in ${AB_BINS:-kvq_base kvq}; do arms+="$b: "; done
+  if [[ " $arms" == *" kvq_base:"* && ! -x $B/kvq_base ]]; then  # not in a PACK_BASE bundle: carried in .devbase/
     base=$(ls .devbase/kvq_base.xz .devbase/kvq_base.gz 2>/dev/null | head -1)
     [[ -n $base ]] || { echo "no kvq_base in .device/ and no .devbase/kvq_base.xz (or .gz) carried" >&2; exit 2; }
     kvq_unpack_file "$base" $B/kvq_base && chmod +x $B/kvq_base
   fi
-  arms="kvq_base: kvq:"
 fi
 if [[ ${AB_TESTS:-1} == 1 ]]; then
   for t in test_attention_cuda test_backend; do
