@@ -20,19 +20,10 @@
 # AB_MEMCHECK_S seconds, default 120).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-$PWD/device-out}"
-mkdir -p "$OUT"
 source scripts/device_unpack.sh
-if ! kvq_unpack_device; then
-  # A second call on a warm machine may carry only .devbase/ (two binaries over the 64 MiB carry together) and
-  # use the kvq an earlier call unpacked and kept in build-keep/ (ignored, so kept between calls).
-  [[ -x /tmp/kvq-bin/bin/kvq ]] || { [[ -d build-keep/bin ]] && rm -rf /tmp/kvq-bin && cp -r build-keep /tmp/kvq-bin; }
-  [[ -x /tmp/kvq-bin/bin/kvq ]] || { echo "no .device/ carried (scripts/device_engine.sh pack BUILD_DIR) and none kept" >&2; exit 2; }
-  export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}"
-  echo "no .device/ carried: the kvq of an earlier call on this machine" >&2
-fi
-B=/tmp/kvq-bin/bin
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
+kvq_device_prelude "$PWD/device-out" || exit 2
+OUT=$FINAL
+cat "$OUT/gpu.txt"
 arms="${AB_ARMS:-}"
 if [[ -z $arms ]]; then  # builds, each a kvq binary in $B, the first the base (AB_BINS, or main's kvq_base and kvq)
   for b in ${AB_BINS:-kvq_base kvq}; do arms+="$b: "; done

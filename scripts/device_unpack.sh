@@ -31,18 +31,22 @@ kvq_unpack_device() {
   export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}"
 }
 
-# kvq_device_prelude DEFAULT_OUT: the preamble every device script repeated (call it from the repository root):
+# kvq_device_prelude DEFAULT_OUT: the preamble of every device script (call it from the repository root):
 # FINAL = $OUT (the tool's folder) or DEFAULT_OUT, created; the carried .device/ unpacked, or, when none was
-# carried, an earlier call's /tmp/kvq-bin on the same warm machine; B = the binaries' folder; the card's name and
-# driver in $FINAL/gpu.txt and GPU_NAME.
+# carried, an earlier call's binaries on the same warm machine: /tmp/kvq-bin, else build-keep/ (ignored by git,
+# so it stays between calls; a call may carry only .devbase/ when two builds do not fit the carry together);
+# B = the binaries' folder; the card's name, driver and clocks in $FINAL/gpu.txt, its name in GPU_NAME.
 kvq_device_prelude() {
   FINAL="${OUT:-$1}"
   mkdir -p "$FINAL"
   if ! kvq_unpack_device; then
-    [[ -x /tmp/kvq-bin/bin/kvq ]] || { echo "no .device/ carried and no earlier call's /tmp/kvq-bin" >&2; return 2; }
+    [[ -x /tmp/kvq-bin/bin/kvq || ! -d build-keep/bin ]] || { rm -rf /tmp/kvq-bin && cp -r build-keep /tmp/kvq-bin; }
+    [[ -x /tmp/kvq-bin/bin/kvq ]] || {
+      echo "no .device/ carried (scripts/device_engine.sh pack BUILD_DIR) and no earlier call's binaries" >&2; return 2; }
     export LD_LIBRARY_PATH="/tmp/kvq-bin/lib:${LD_LIBRARY_PATH:-}"
+    echo "no .device/ carried: the binaries of an earlier call on this machine" >&2
   fi
   B=/tmp/kvq-bin/bin
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >"$FINAL/gpu.txt" 2>&1
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader >"$FINAL/gpu.txt" 2>&1
   GPU_NAME=$(head -1 "$FINAL/gpu.txt" | cut -d, -f1)
 }
