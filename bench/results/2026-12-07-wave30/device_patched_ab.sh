@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# wave 30: wave 29's two kernel patches (merge_quads.patch, then prime_after_query.patch: one build with both) against
-# main, one call: the patched build's test_attention_cuda; device_ab.sh with main's kvq as kvq_base (from
-# /tmp/kvq-main, which device_main_check.sh left on this warm machine, else .devbase/kvq_base.xz) and the patched kvq,
-# four formats, block 16, two rounds; then both binaries' CTA timelines of the near-line shapes, alternating, two
-# runs each -- the merge's last step judged by m_store, the prime by primed / query / item0.
-# Carry .device (the patched build: PACK_ONLY="kvq test_attention_cuda" PACK_BUNDLE=1 scripts/device_engine.sh pack).
+# wave 30: a patched build (carried in .device) against main, one call: the patched build's test_attention_cuda;
+# device_ab.sh with main's kvq as kvq_base (from /tmp/kvq-main, which device_main_check.sh left on this warm
+# machine, else .devbase/kvq_base.xz) and the patched kvq, four formats, block 16, two rounds; then both binaries'
+# CTA timelines of the near-line shapes, alternating, two runs each (the merge's last step judged by m_store, the
+# ring's prime by primed / query / item0). Run for wave 29's merge_quads.patch + prime_after_query.patch, then for
+# merge_quads.patch + split_prime.patch, then for the final build (README).
+# Carry .device (the patched build: PACK_ONLY="kvq test_attention_cuda" PACK_BUNDLE=1 scripts/device_engine.sh pack)
+# and .devbase (main's kvq, xz).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source scripts/device_unpack.sh
