@@ -50,3 +50,20 @@ kvq_device_prelude() {
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader >"$FINAL/gpu.txt" 2>&1
   GPU_NAME=$(head -1 "$FINAL/gpu.txt" | cut -d, -f1)
 }
+
+# kvq_gpu_checks DIR LABEL: $B/test_attention_cuda, then compute-sanitizer memcheck on its decode tests and racecheck
+# on the overlap and L2-policy tests (where the machine has compute-sanitizer); logs in DIR, one line each on stdout.
+kvq_gpu_checks() {
+  local dir=$1 label=$2 t0=$SECONDS cs
+  timeout 240 "$B/test_attention_cuda" --gtest_brief=1 >"$dir/test_attention_cuda.log" 2>&1
+  echo "test_attention_cuda ($label) rc=$? at $((SECONDS - t0)) s: $(grep -E '^\[  (PASSED|FAILED) ' "$dir/test_attention_cuda.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$dir/test_attention_cuda.log" | head -5
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  [[ -n $cs ]] || { echo "no compute-sanitizer on this machine"; return 0; }
+  timeout 150 "$cs" --tool memcheck --error-exitcode 9 "$B/test_attention_cuda" --gtest_brief=1 \
+    --gtest_filter='*Decode*' >"$dir/memcheck.log" 2>&1
+  echo "memcheck rc=$? at $((SECONDS - t0)) s: $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED) ' "$dir/memcheck.log" | tr '\n' ' ')"
+  timeout 90 "$cs" --tool racecheck --error-exitcode 9 "$B/test_attention_cuda" --gtest_brief=1 \
+    --gtest_filter='CudaDecodeApi.Overlapped*:CudaDecodeApi.L2Policy*' >"$dir/racecheck.log" 2>&1
+  echo "racecheck rc=$? at $((SECONDS - t0)) s: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|^\[  (PASSED|FAILED) ' "$dir/racecheck.log" | tr '\n' ' ')"
+}

@@ -16,18 +16,7 @@ echo "card: $(cat "$TOP/gpu.txt")"
 kvq_unpack_file .devbase/kvq_base.xz "$B/kvq_base" && chmod +x "$B/kvq_base" || { echo "no .devbase/kvq_base.xz" >&2; exit 2; }
 [[ -d .device ]] && mv .device .device.unpacked  # later steps use /tmp/kvq-bin
 t0=$SECONDS
-timeout 200 "$B/test_attention_cuda" --gtest_brief=1 > "$TOP/test_attention_cuda.log" 2>&1
-echo "test_attention_cuda (candidate) rc=$? at $((SECONDS - t0)) s: $(grep -E '^\[  (PASSED|FAILED) ' "$TOP/test_attention_cuda.log" | tr '\n' ' ')"
-grep -E '^\[  FAILED  \]' "$TOP/test_attention_cuda.log" | head -5
-CS=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-if [[ -n $CS ]]; then
-  timeout 150 "$CS" --tool memcheck --error-exitcode 9 "$B/test_attention_cuda" --gtest_brief=1 \
-    --gtest_filter='*Decode*' > "$TOP/memcheck.log" 2>&1
-  echo "memcheck rc=$? at $((SECONDS - t0)) s: $(grep -E 'ERROR SUMMARY|^\[  (PASSED|FAILED) ' "$TOP/memcheck.log" | tr '\n' ' ')"
-  timeout 90 "$CS" --tool racecheck --error-exitcode 9 "$B/test_attention_cuda" --gtest_brief=1 \
-    --gtest_filter='CudaDecodeApi.Overlapped*:CudaDecodeApi.L2Policy*' > "$TOP/racecheck.log" 2>&1
-  echo "racecheck rc=$? at $((SECONDS - t0)) s: $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY|^\[  (PASSED|FAILED) ' "$TOP/racecheck.log" | tr '\n' ' ')"
-fi
+kvq_gpu_checks "$TOP" candidate
 AB_BINS="kvq_base kvq" AB_TESTS=0 AB_ROUNDS=2 AB_BS=16,32 OUT="$TOP/ab" timeout 200 bash scripts/device_ab.sh > "$TOP/ab_console.txt" 2>&1
 echo "A/B rc=$? at $((SECONDS - t0)) s"
 for bin in kvq_base kvq; do
