@@ -282,71 +282,54 @@ __device__ void merge_and_store(const DecodeParams& p, const CtaWork& w, DecodeS
   }
   __syncthreads();
   mark_timeline<kTL>(p, sm.marks.t_heads);
-  if constexpr (D >= 128) {
-    // Four dims of one head per thread and step: M, L, the warps' weights, the index arithmetic and the
-    // branch on the split count serve four elements, the rows are read as float2 (MergeRows' gaps leave
-    // 8-byte alignment, not 16) and stored as one float4 (out and the workspace are 16-byte aligned:
-    // decode.cu checks). One element a step took ~100-140 instructions, and this step -- issued by 4-8
-    // warps an SM, nothing else left to run -- 1.0-1.3 us at head dims 64 / 128 and 2.2-2.9 at 256
-    // (docs/GPU_NOTES.md §35, §36). Each element's arithmetic, and so its bits, is unchanged.
-    constexpr int kQuads = D / 4;
-    static_assert((D / 8) % 4 == 0, "a thread's four dims must not straddle a MergeRows gap");
-    const size_t row0 = static_cast<size_t>(w.seq) * p.num_q_heads + w.hq0;
-    const int splits = p.num_splits;
-    for (int qidx = threadIdx.x; qidx < w.valid_heads * kQuads; qidx += blockDim.x) {
-      const int h = qidx / kQuads, d = 4 * (qidx % kQuads);
-      const float M = sm.m[0][h], L = sm.l[0][h];
-      float num[4] = {0.f, 0.f, 0.f, 0.f};
+  // kDims dims of one head per thread and step: four at head dims 128 and 256, where M, L, the warps' weights,
+  // the index arithmetic and the branch on the split count then serve four elements, the rows are read as
+  // float2 (MergeRows' gaps leave 8-byte alignment, not 16) and stored as one float4 (out and the workspace are
+  // 16-byte aligned: decode.cu checks). One element a step took ~100-140 instructions, and this step -- issued
+  // by 4-8 warps an SM, nothing else left to run -- 1.0-1.3 us at head dim 128 and 2.2-2.9 at 256 (docs/GPU_NOTES.md
+  // §35-§37). Head dim 64 keeps one: there four ran the step 0.3 us longer, with a quarter as many work items as
+  // threads (§37). Each element's arithmetic, and so its bits, is the same either way.
+  constexpr int kDims = D >= 128 ? 4 : 1, kSteps = D / kDims;
+  static_assert((D / 8) % kDims == 0, "a thread's dims must not straddle a MergeRows gap");
+  const size_t row0 = static_cast<size_t>(w.seq) * p.num_q_heads + w.hq0;
+  const int splits = p.num_splits;
+  for (int idx = threadIdx.x; idx < w.valid_heads * kSteps; idx += blockDim.x) {
+    const int h = idx / kSteps, d = kDims * (idx % kSteps);
+    const float M = sm.m[0][h], L = sm.l[0][h];
+    float num[kDims];
 #pragma unroll
-      for (int v = 0; v < W; ++v) {
-        const float wv = sm.mv[v][h];
-        const float* o = &sm.o[v][h][MergeRows<D>::col(d)];
+    for (int i = 0; i < kDims; ++i) num[i] = 0.f;
+#pragma unroll
+    for (int v = 0; v < W; ++v) {
+      const float wv = sm.mv[v][h];
+      const float* o = &sm.o[v][h][MergeRows<D>::col(d)];
+      float x[kDims];
+      if constexpr (kDims == 4) {
         const float2 a = *reinterpret_cast<const float2*>(o), b = *reinterpret_cast<const float2*>(o + 2);
-        num[0] += wv < 0.f ? 0.f : a.x * wv;
-        num[1] += wv < 0.f ? 0.f : a.y * wv;
-        num[2] += wv < 0.f ? 0.f : b.x * wv;
-        num[3] += wv < 0.f ? 0.f : b.y * wv;
-      }
-      // L == 0 only for an empty split; a NaN from a bad read must reach the output.
-      float4 res;
-      res.x = L == 0.f ? 0.f : num[0] / L;
-      res.y = L == 0.f ? 0.f : num[1] / L;
-      res.z = L == 0.f ? 0.f : num[2] / L;
-      res.w = L == 0.f ? 0.f : num[3] / L;
-      const size_t row = row0 + h;
-      float* dst = splits > 1 ? p.part_out + (row * splits + w.split) * D : p.out + row * D;
-      *reinterpret_cast<float4*>(dst + d) = res;
-      if (d == 0) {
-        const float lse2 = L == 0.f ? kNegInf : M + __log2f(L);
-        if (splits > 1) {
-          p.part_lse[row * splits + w.split] = lse2;
-        } else if (p.lse != nullptr) {
-          p.lse[row] = lse2 * kLn2;
-        }
-      }
-    }
-  } else {
-    // Head dim 64 keeps one element a thread and step: there the quads ran the step 0.3 us longer (m_store, H100,
-    // docs/GPU_NOTES.md §37), with a quarter as many work items as threads.
-    for (int idx = threadIdx.x; idx < w.valid_heads * D; idx += blockDim.x) {
-      const int h = idx / D, d = idx % D;
-      const float M = sm.m[0][h], L = sm.l[0][h];
-      float num = 0.f;
-#pragma unroll
-      for (int v = 0; v < W; ++v) {
-        const float wv = sm.mv[v][h];
-        num += wv < 0.f ? 0.f : sm.o[v][h][MergeRows<D>::col(d)] * wv;
-      }
-      // L == 0 only for an empty split; a NaN from a bad read must reach the output.
-      const float res = L == 0.f ? 0.f : num / L;
-      const float lse2 = L == 0.f ? kNegInf : M + __log2f(L);
-      const size_t row = static_cast<size_t>(w.seq) * p.num_q_heads + w.hq0 + h;
-      if (p.num_splits > 1) {
-        p.part_out[(row * p.num_splits + w.split) * D + d] = res;
-        if (d == 0) p.part_lse[row * p.num_splits + w.split] = lse2;
+        x[0] = a.x, x[1] = a.y, x[2] = b.x, x[3] = b.y;
       } else {
-        p.out[row * D + d] = res;
-        if (d == 0 && p.lse != nullptr) p.lse[row] = lse2 * kLn2;
+        x[0] = o[0];
+      }
+#pragma unroll
+      for (int i = 0; i < kDims; ++i) num[i] += wv < 0.f ? 0.f : x[i] * wv;
+    }
+    // L == 0 only for an empty split; a NaN from a bad read must reach the output.
+    float res[kDims];
+#pragma unroll
+    for (int i = 0; i < kDims; ++i) res[i] = L == 0.f ? 0.f : num[i] / L;
+    const size_t row = row0 + h;
+    float* dst = (splits > 1 ? p.part_out + (row * splits + w.split) * D : p.out + row * D) + d;
+    if constexpr (kDims == 4) {
+      *reinterpret_cast<float4*>(dst) = make_float4(res[0], res[1], res[2], res[3]);
+    } else {
+      *dst = res[0];
+    }
+    if (d == 0) {
+      const float lse2 = L == 0.f ? kNegInf : M + __log2f(L);
+      if (splits > 1) {
+        p.part_lse[row * splits + w.split] = lse2;
+      } else if (p.lse != nullptr) {
+        p.lse[row] = lse2 * kLn2;
       }
     }
   }
